@@ -1,0 +1,19 @@
+# The two commands of the README. Both set everything up first (idempotent, fast when done).
+#   make run  [ARGS='learner.total_steps=5 launch.num_env_actors=4']   the bounded pipeline
+#   make test [PYTEST_ARGS='-m "not e2e"']                             the whole test suite
+VENV ?= .venv
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup run test test-fast bench
+setup:
+	@bash scripts/setup.sh
+
+run: setup
+	HF_HUB_OFFLINE=1 $(VENV)/bin/empo2-run $(ARGS)
+
+test: setup
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -m "not e2e and not integration" $(PYTEST_ARGS)

@@ -1,0 +1,35 @@
+"""Configuration of the two actor-side roles: policy servers (vLLM) and env actors (ScienceWorld)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class PolicyServerConfig:
+    index: int = 0  # which of endpoints.policy_servers this process serves (set per process)
+    device: str = "auto"  # "auto" | "cpu" | "cuda"; "cuda" without a GPU fails at start-up
+    dtype: str = "auto"  # "auto" = float32 on CPU (bf16 is ~5x slower on AVX2), bfloat16 on GPU
+    max_model_len: int = 2048  # prompt + response tokens per request
+    gpu_memory_utilization: float = 0.3  # on CPU: the share of host memory vLLM reserves for KV
+    tensor_parallel_size: int = 1  # >1 needs as many GPUs (vLLM's native tensor parallelism)
+    enforce_eager: bool = True  # CUDA graphs cost start-up time; worth it only on long GPU runs
+    weight_sync: str = "zmq"  # "zmq": tensor frames over the socket (any host); "nccl": GPU-only
+    weight_staging_dir: str = "/dev/shm"  # where received weights are staged for the engine
+    max_weight_message_bytes: int = 1 << 30  # size limit of one WeightChunk message
+    max_request_message_bytes: int = 8 << 20  # size limit of any other request
+
+
+@dataclass
+class EnvActorConfig:
+    index: int = 0  # this actor's number (set per process): its id and metrics port
+    max_steps: int = 30  # step limit per episode
+    history_window: int = 4  # past (action, observation) pairs shown in the prompt
+    max_action_tokens: int = 32  # generation cap for an action
+    temperature: float = 1.0  # sampling temperature in training (0.4 at evaluation)
+    simplification: str = "easy"  # ScienceWorld simplification preset
+    generate_timeout_s: float = 300.0  # one action generation; generous for CPU start-up
+    memory_timeout_s: float = 5.0  # retrieval; after it, the turn goes without tips (counted)
+    buffer_timeout_s: float = 30.0  # assignment request / trajectory upload, per try
+    upload_retries: int = 20  # a finished episode is retried this often before the actor fails
+    startup_timeout_s: float = 900.0  # how long to wait for the servers to come up

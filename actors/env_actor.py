@@ -1,0 +1,241 @@
+"""Env actor: plays ScienceWorld episodes with the served policy and streams them to the buffer.
+
+Sockets (all DEALER clients, request/reply):
+  replay buffer : AssignmentRequest -> Assignment | Wait ; Trajectory -> Ack (persisted)
+  policy servers: GenerateRequest -> GenerateResponse (round-robin over endpoints.policy_servers)
+  memory service: MemoryQuery -> MemoryResult ; EpisodeReport -> Ack   (best effort, bounded)
+
+The episode logic (EpisodeRunner) takes its policy and memory as callables, so it runs without
+sockets in tests; ActorProcess owns the sockets, retries and metrics.
+
+Run: `empo2-env-actor env_actor.index=0 [key=value ...]`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import zmq
+
+from actors.prompts import PromptBuilder
+from actors.scienceworld_env import ScienceWorld, most_similar_action
+from common.config import PipelineConfig, load_config
+from common.logs import setup_logging
+from common.process import exit_on_sigterm
+from common.metrics import EnvActorMetrics
+from common.model_prep import resolve_model
+from protocol import Client, RemoteError, RequestTimeout
+from protocol.messages import (
+    OFF_POLICY, ON_POLICY_TIPS, Ack, Assignment, AssignmentRequest, EpisodeReport, GenerateRequest,
+    GenerateResponse, MemoryQuery, MemoryResult, Trajectory, Wait,
+)
+from protocol.transport import wait_until_ready
+
+log = logging.getLogger("env_actor")
+
+TIP_MODES = (ON_POLICY_TIPS, OFF_POLICY)
+
+# (prompt token ids, seed) -> response;   (task, variation, state) -> (tips, n) or None if unreachable
+GenerateFn = Callable[[np.ndarray, int], GenerateResponse]
+RetrieveFn = Callable[[str, int, str], "tuple[list[str], int] | None"]
+
+
+@dataclass
+class Turn:
+    prompt_ids: np.ndarray
+    tip_spans: list[tuple[int, int]]
+    response: GenerateResponse
+    num_memories: int
+    state: str
+    action: str
+
+
+@dataclass
+class EpisodeStats:
+    invalid_actions: int = 0
+    memory_fallbacks: int = 0
+    tips_shown: int = 0
+    step_seconds: list[float] = field(default_factory=list)
+
+
+class EpisodeRunner:
+    def __init__(self, env: ScienceWorld, prompts: PromptBuilder, max_steps: int):
+        self.env, self.prompts, self.max_steps = env, prompts, max_steps
+
+    def play(self, a: Assignment, actor_id: str, generate: GenerateFn, retrieve: RetrieveFn) -> tuple[Trajectory, EpisodeStats]:
+        stats = EpisodeStats()
+        result = self.env.reset(a.task, a.variation)
+        task = self.env.task_description
+        history: list[tuple[str, str]] = []
+        turns: list[Turn] = []
+        for t in range(self.max_steps):
+            t0 = time.perf_counter()
+            tips, n = [], 0
+            if a.mode in TIP_MODES:
+                found = retrieve(a.task, a.variation, result.state)
+                if found is None:
+                    stats.memory_fallbacks += 1
+                else:
+                    tips, n = found
+                    stats.tips_shown += len(tips)
+            prompt = self.prompts.build(task, history, result.state, tips)
+            response = generate(prompt.token_ids, a.seed * 1000 + t)
+            action, mapped = most_similar_action(response.text, result.valid_actions)
+            stats.invalid_actions += int(mapped)
+            turns.append(Turn(prompt.token_ids, prompt.tip_spans, response, n, result.state, action))
+            result = self.env.step(action)
+            history.append((action, result.observation))
+            stats.step_seconds.append(time.perf_counter() - t0)
+            if result.done:
+                break
+        return self._trajectory(a, actor_id, turns, result.score, result.done), stats
+
+    @staticmethod
+    def _trajectory(a: Assignment, actor_id: str, turns: list[Turn], score: float, done: bool) -> Trajectory:
+        def offsets(arrays):
+            return np.concatenate([[0], np.cumsum([len(x) for x in arrays])]).astype(np.int64)
+
+        prompts = [t.prompt_ids for t in turns]
+        responses = [t.response.token_ids for t in turns]
+        spans = [(i, s, e) for i, t in enumerate(turns) for s, e in t.tip_spans]
+        return Trajectory(
+            episode_id=uuid.uuid4().hex, group_id=a.group_id, slot=a.slot, actor_id=actor_id,
+            task=a.task, variation=a.variation, mode=a.mode, score=score, done=done,
+            prompt_token_ids=np.concatenate(prompts).astype(np.int32), prompt_offsets=offsets(prompts),
+            response_token_ids=np.concatenate(responses).astype(np.int32), response_offsets=offsets(responses),
+            behaviour_logprobs=np.concatenate([t.response.logprobs for t in turns]).astype(np.float32),
+            tip_spans=np.asarray(spans, dtype=np.int32).reshape(-1, 3),
+            policy_versions=np.asarray([t.response.policy_version for t in turns], dtype=np.int32),
+            num_memories=np.asarray([t.num_memories for t in turns], dtype=np.int32),
+            observations=[t.state for t in turns], actions=[t.action for t in turns],
+        )
+
+
+class ActorProcess:
+    def __init__(self, cfg: PipelineConfig):
+        self.cfg, self.acfg = cfg, cfg.env_actor
+        self.actor_id = f"actor{self.acfg.index}"
+        self.metrics = EnvActorMetrics()
+        ctx = zmq.Context.instance()
+        self.buffer = Client(ctx, cfg.endpoints.replay_buffer, self.acfg.buffer_timeout_s)
+        self.memory = Client(ctx, cfg.endpoints.memory_service, self.acfg.memory_timeout_s)
+        self.policies = [Client(ctx, ep, self.acfg.generate_timeout_s) for ep in cfg.endpoints.policy_servers]
+        self._next_policy = itertools.cycle(self.policies)
+        self._request_ids = itertools.count()
+
+    def run(self) -> None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.cfg.model.name, self.cfg.model.cache_dir or None))
+        env = ScienceWorld(self.acfg.simplification, step_limit=max(100, self.acfg.max_steps + 1))
+        try:
+            runner = EpisodeRunner(env, PromptBuilder(tokenizer, self.acfg.history_window), self.acfg.max_steps)
+            for client in [self.buffer, *self.policies]:
+                pong = wait_until_ready(client, self.actor_id, self.acfg.startup_timeout_s,
+                                        on_wait=lambda left, ep=client.endpoint: log.info("waiting for %s (%.0fs left)", ep, left))
+                self.metrics.policy_version.set(max(pong.policy_version, 0))
+            log.info("%s ready; playing episodes", self.actor_id)
+            while True:
+                assignment = self._next_assignment()
+                t0 = time.time()
+                trajectory, stats = runner.play(assignment, self.actor_id, self._generate, self._retrieve)
+                self._upload(trajectory)
+                self._report_to_memory(trajectory, env.task_description)
+                self._record(trajectory, stats)
+                log.info("episode %s %s/%d mode=%s turns=%d score=%.0f versions=%s (%.1fs)", trajectory.episode_id[:8],
+                         trajectory.task, trajectory.variation, trajectory.mode, trajectory.num_turns, trajectory.score,
+                         sorted(set(trajectory.policy_versions.tolist())), time.time() - t0)
+        finally:
+            env.close()
+
+    def _next_assignment(self) -> Assignment:
+        while True:
+            reply = self._call_with_retry(self.buffer, AssignmentRequest(actor_id=self.actor_id))
+            if isinstance(reply, Assignment):
+                self.metrics.messages_in.labels(reply.KIND).inc()
+                return reply
+            time.sleep(reply.retry_after_s if isinstance(reply, Wait) else 1.0)
+
+    def _generate(self, prompt_ids: np.ndarray, seed: int) -> GenerateResponse:
+        client = next(self._next_policy)
+        request = GenerateRequest(
+            request_id=f"{self.actor_id}-{next(self._request_ids)}", prompt_token_ids=prompt_ids,
+            max_tokens=self.acfg.max_action_tokens, temperature=self.acfg.temperature, seed=seed, stop=["\n"],
+        )
+        response = self._call_with_retry(client, request)
+        self.metrics.messages_in.labels(response.KIND).inc()
+        self.metrics.policy_version.set(response.policy_version)
+        return response
+
+    def _retrieve(self, task: str, variation: int, state: str):
+        try:
+            result = self.memory.call(MemoryQuery(task=task, variation=variation, state=state))
+        except (RequestTimeout, RemoteError) as exc:
+            log.warning("memory unavailable (%s); this turn goes without tips", exc)
+            return None
+        assert isinstance(result, MemoryResult)
+        return result.tips, result.count
+
+    def _upload(self, trajectory: Trajectory) -> None:
+        reply = self._call_with_retry(self.buffer, trajectory, retries=self.acfg.upload_retries)
+        if not isinstance(reply, Ack):
+            raise RuntimeError(f"buffer answered {reply.KIND} to a trajectory")
+
+    def _report_to_memory(self, trajectory: Trajectory, task_description: str) -> None:
+        report = EpisodeReport(
+            episode_id=trajectory.episode_id, task=trajectory.task, variation=trajectory.variation,
+            task_description=task_description, score=trajectory.score,
+            observations=trajectory.observations, actions=trajectory.actions,
+        )
+        try:
+            self.memory.call(report)
+            self.metrics.messages_out.labels(report.KIND).inc()
+        except (RequestTimeout, RemoteError) as exc:  # memory is best effort; the buffer is not
+            self.metrics.memory_fallbacks.inc()
+            log.warning("episode report not delivered to memory: %s", exc)
+
+    def _call_with_retry(self, client: Client, msg, retries: int = 1_000_000):
+        for attempt in itertools.count(1):
+            try:
+                reply = client.call(msg)
+                self.metrics.messages_out.labels(msg.KIND).inc()
+                return reply
+            except RequestTimeout as exc:
+                self.metrics.errors.labels("timeout").inc()
+                if attempt >= retries:
+                    raise
+                log.warning("%s (attempt %d); retrying", exc, attempt)
+
+    def _record(self, trajectory: Trajectory, stats: EpisodeStats) -> None:
+        m = self.metrics
+        m.episodes.labels(trajectory.mode).inc()
+        m.env_steps.inc(trajectory.num_turns)
+        m.invalid_actions.inc(stats.invalid_actions)
+        m.memory_fallbacks.inc(stats.memory_fallbacks)
+        m.tips_shown.inc(stats.tips_shown)
+        m.last_score.set(trajectory.score)
+        for s in stats.step_seconds:
+            m.step_seconds.observe(s)
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = load_config(sys.argv[1:] if argv is None else argv)
+    setup_logging(f"env_actor{cfg.env_actor.index}")
+    exit_on_sigterm()
+    actor = ActorProcess(cfg)
+    actor.metrics.serve(cfg.metrics.host, cfg.metrics.port("env_actor", cfg.env_actor.index))
+    try:
+        actor.run()
+    except (KeyboardInterrupt, SystemExit):
+        log.info("stopping")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Policy server: a vLLM engine behind a ZeroMQ ROUTER.
+
+Socket: ROUTER bound at endpoints.policy_servers[index].
+  in : Ping, GenerateRequest (env actors, memory service), WeightChunk (learner)
+  out: Pong, GenerateResponse, WeightUpdateAck, ErrorReply
+Requests are served concurrently (one asyncio task each) and batched continuously by the
+engine; a weight update is applied atomically between generations (actors/policy_engine.py).
+
+Run: `empo2-policy-server policy_server.index=0 [key=value ...]` (see README, "Processes").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+
+import zmq
+import zmq.asyncio
+
+from common.config import PipelineConfig, load_config
+from common.logs import setup_logging
+from common.process import run_async_until_signalled
+from common.metrics import PolicyServerMetrics
+from common.model_prep import resolve_model
+from protocol import ProtocolError, decode, encode
+from protocol.messages import ErrorReply, GenerateRequest, GenerateResponse, Ping, Pong, WeightChunk, WeightUpdateAck
+from actors.weight_receiver import WeightAssembler, WeightUpdateError
+
+log = logging.getLogger("policy_server")
+
+
+class PolicyServer:
+    def __init__(self, cfg: PipelineConfig, index: int):
+        self.cfg, self.index = cfg, index
+        self.scfg = cfg.policy_server
+        self.endpoint = cfg.endpoints.policy_servers[index]
+        self.metrics = PolicyServerMetrics()
+        self.engine = None  # created in run(): the socket answers Ping (ready=False) meanwhile
+        self.assembler = WeightAssembler(self.scfg.weight_staging_dir, f"{os.getpid()}-{index}")
+        self.tasks: set[asyncio.Task] = set()
+
+    async def run(self) -> None:
+        ctx = zmq.asyncio.Context()
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, self.scfg.max_weight_message_bytes)
+        self.sock.bind(self.endpoint)
+        log.info("policy server %d listening on %s", self.index, self.endpoint)
+        recv_loop = asyncio.create_task(self._recv_loop())
+        model_path = resolve_model(self.cfg.model.name, self.cfg.model.cache_dir or None)
+        from actors.policy_engine import PolicyEngine  # late: importing vLLM takes seconds
+
+        t0 = time.time()
+        self.engine = await asyncio.to_thread(PolicyEngine, model_path, self.scfg, self.cfg.seed + self.index)
+        self.metrics.ready.set(1)
+        self.metrics.policy_version.set(self.engine.version)
+        log.info("engine ready in %.1fs, serving policy version %d", time.time() - t0, self.engine.version)
+        await recv_loop
+
+    async def _recv_loop(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart(copy=False)
+            identity, body = frames[0].bytes, frames[1:]
+            try:
+                msg = decode(body, self.scfg.max_weight_message_bytes)
+                if not isinstance(msg, WeightChunk) and sum(len(f.buffer) for f in body) > self.scfg.max_request_message_bytes:
+                    raise ProtocolError("too_large", f"{msg.KIND} over {self.scfg.max_request_message_bytes} bytes")
+            except ProtocolError as exc:
+                self.metrics.rejected.labels(exc.reason).inc()
+                log.warning("rejected message: %s", exc)
+                await self._send(identity, ErrorReply(reason=exc.reason, detail=str(exc)[:500]))
+                continue
+            self.metrics.messages_in.labels(msg.KIND).inc()
+            if isinstance(msg, Ping):
+                version = self.engine.version if self.engine else -1
+                await self._send(identity, Pong(role="policy_server", policy_version=version, ready=self.engine is not None))
+            elif self.engine is None:
+                await self._send(identity, ErrorReply(reason="not_ready", detail="engine still starting"))
+            elif isinstance(msg, GenerateRequest):
+                self._spawn(self._generate(identity, msg))
+            elif isinstance(msg, WeightChunk):
+                await self._weight_chunk(identity, msg)
+            else:
+                self.metrics.rejected.labels("unexpected_kind").inc()
+                await self._send(identity, ErrorReply(reason="unexpected_kind", detail=f"{msg.KIND} is not served here"))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _send(self, identity: bytes, msg) -> None:
+        await self.sock.send_multipart([identity, *encode(msg)], copy=False)
+        self.metrics.messages_out.labels(msg.KIND).inc()
+
+    async def _generate(self, identity: bytes, req: GenerateRequest) -> None:
+        self.metrics.requests_in_flight.inc()
+        t0 = time.perf_counter()
+        try:
+            out = await self.engine.generate(
+                req.request_id, req.prompt_token_ids.tolist(), req.max_tokens, req.temperature, req.top_p, req.seed, req.stop
+            )
+            self.metrics.generated_tokens.inc(len(out.token_ids))
+            self.metrics.prompt_tokens.inc(out.prompt_tokens)
+            self.metrics.request_latency.observe(time.perf_counter() - t0)
+            await self._send(identity, GenerateResponse(
+                request_id=req.request_id, token_ids=out.token_ids, logprobs=out.logprobs, text=out.text,
+                policy_version=out.policy_version, finish_reason=out.finish_reason,
+            ))
+        except Exception as exc:  # one bad request must not take the server down
+            self.metrics.errors.labels("generate").inc()
+            log.exception("generation %s failed", req.request_id)
+            await self._send(identity, ErrorReply(reason="generate_failed", detail=str(exc)[:500]))
+        finally:
+            self.metrics.requests_in_flight.dec()
+
+    async def _weight_chunk(self, identity: bytes, chunk: WeightChunk) -> None:
+        if chunk.chunk_index == 0:
+            self._update_t0 = time.perf_counter()
+        self.metrics.weight_update_bytes.inc(sum(d.nbytes for d in chunk.data))
+        try:
+            staged = self.assembler.add(chunk)
+        except WeightUpdateError as exc:
+            self.metrics.rejected.labels("weight_checksum").inc()
+            await self._send(identity, ErrorReply(reason="weight_update_rejected", detail=str(exc)))
+            return
+        if staged is None:
+            await self._send(identity, WeightUpdateAck(version=self.engine.version, chunk_index=chunk.chunk_index, applied=False))
+            return
+        self._spawn(self._apply(identity, chunk, staged))
+
+    async def _apply(self, identity: bytes, chunk: WeightChunk, staged) -> None:
+        t_apply = time.perf_counter()
+        try:
+            await self.engine.load_weights(str(staged), chunk.version)
+        except Exception as exc:
+            self.metrics.errors.labels("weight_update").inc()
+            log.exception("applying weights v%d failed", chunk.version)
+            await self._send(identity, ErrorReply(reason="weight_update_failed", detail=str(exc)[:500]))
+            return
+        apply_s = time.perf_counter() - t_apply
+        self.metrics.weight_updates.inc()
+        self.metrics.weight_update_seconds.observe(time.perf_counter() - self._update_t0)
+        self.metrics.policy_version.set(chunk.version)
+        log.info("policy version %d live (reload %.2fs)", chunk.version, apply_s)
+        await self._send(identity, WeightUpdateAck(version=chunk.version, chunk_index=chunk.chunk_index, applied=True, apply_seconds=apply_s))
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = load_config(sys.argv[1:] if argv is None else argv)
+    index = cfg.policy_server.index
+    setup_logging(f"policy_server{index}")
+    server = PolicyServer(cfg, index)
+    server.metrics.serve(cfg.metrics.host, cfg.metrics.port("policy_server", index))
+    run_async_until_signalled(server.run(), on_exit=lambda: server.engine and server.engine.shutdown())
+
+
+if __name__ == "__main__":
+    main()

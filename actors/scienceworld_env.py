@@ -1,0 +1,78 @@
+"""ScienceWorld behind a small interface: load a (task, variation), step with any text action.
+
+Generated text that is not a valid action is mapped to the most similar valid action (Jaccard
+similarity of word sets), as the reference wrapper does, so every step moves the environment.
+Each instance owns one JVM (py4j): one per process or thread, always closed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(_WORD.findall(text.lower()))
+
+
+def clean_action(text: str) -> str:
+    """First non-empty line of a generation, without quotes, prompt arrows or trailing dots."""
+    for line in text.strip().splitlines():
+        line = line.strip().strip("`\"'").lstrip(">").strip().rstrip(".").strip()
+        if line:
+            return line.lower()
+    return ""
+
+
+def most_similar_action(text: str, valid_actions: list[str]) -> tuple[str, bool]:
+    """(action to execute, whether it had to be mapped). Ties go to the first valid action."""
+    action = clean_action(text)
+    if action in valid_actions:
+        return action, False
+    query = _words(action)
+    best, best_score = valid_actions[0], -1.0
+    for candidate in valid_actions:
+        words = _words(candidate)
+        union = len(query | words)
+        score = len(query & words) / union if union else 0.0
+        if score > best_score:
+            best, best_score = candidate, score
+    return best, True
+
+
+@dataclass
+class StepResult:
+    observation: str
+    state: str  # what the agent is shown as the current state: feedback plus the room
+    score: float
+    done: bool
+    valid_actions: list[str]
+
+
+class ScienceWorld:
+    def __init__(self, simplification: str = "easy", step_limit: int = 100):
+        from scienceworld import ScienceWorldEnv  # starts a JVM
+
+        self.env = ScienceWorldEnv("", envStepLimit=step_limit)
+        self.simplification = simplification
+        self.task_description = ""
+
+    def train_variations(self, task: str) -> list[int]:
+        self.env.load(task, 0, self.simplification)
+        return list(self.env.get_variations_train())
+
+    def reset(self, task: str, variation: int) -> StepResult:
+        self.env.load(task, variation, self.simplification)
+        obs, info = self.env.reset()
+        self.task_description = self.env.get_task_description()
+        return StepResult(obs, obs, float(info["score"]), False, list(info["valid"]))
+
+    def step(self, action: str) -> StepResult:
+        obs, _reward, done, info = self.env.step(action)
+        state = obs if info["look"] in obs else f"{obs}\n{info['look']}"
+        return StepResult(obs, state, float(info["score"]), bool(done), list(info["valid"]))
+
+    def close(self) -> None:
+        self.env.close()

@@ -1,0 +1,70 @@
+"""Assemble WeightChunk messages into one verified update staged as a safetensors file.
+
+Plain logic, no sockets: the policy server feeds chunks in, gets a staged file path back when an
+update is complete and its checksum matches. The file is written directly in the safetensors
+layout (8-byte header length, JSON header, raw bytes), so tensors go from socket frames to the
+file without being materialised as torch tensors in the server process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from protocol.messages import TensorMeta, WeightChunk, weights_checksum
+
+_SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
+class WeightUpdateError(ValueError):
+    pass
+
+
+def write_safetensors(path: Path, metas: list[TensorMeta], buffers) -> None:
+    header, offset = {}, 0
+    for meta, buf in zip(metas, buffers):
+        if meta.dtype not in _SAFETENSORS_DTYPES:
+            raise WeightUpdateError(f"tensor {meta.name}: dtype {meta.dtype} not supported")
+        size = len(buf)
+        header[meta.name] = {"dtype": _SAFETENSORS_DTYPES[meta.dtype], "shape": meta.shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the format wants the data 8-byte aligned
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for buf in buffers:
+            f.write(buf)
+    os.replace(tmp, path)  # readers never see a half-written file
+
+
+@dataclass
+class WeightAssembler:
+    staging_dir: Path
+    server_id: str
+    _version: int = -1
+    _chunks: dict[int, WeightChunk] = field(default_factory=dict)
+
+    def add(self, chunk: WeightChunk) -> Path | None:
+        """Add a chunk; returns the staged file once the update is complete and verified."""
+        if chunk.version != self._version:  # a new update replaces an unfinished older one
+            self._version, self._chunks = chunk.version, {}
+        self._chunks[chunk.chunk_index] = chunk
+        if len(self._chunks) < chunk.num_chunks:
+            return None
+        ordered = [self._chunks[i] for i in range(chunk.num_chunks)]
+        self._chunks = {}
+        metas = [m for c in ordered for m in c.tensors]
+        buffers = [memoryview(d) for c in ordered for d in c.data]
+        if any(c.checksum != chunk.checksum for c in ordered):
+            raise WeightUpdateError(f"v{chunk.version}: chunks disagree on the checksum")
+        actual = weights_checksum(buffers)
+        if actual != chunk.checksum:
+            raise WeightUpdateError(f"v{chunk.version}: checksum {actual} != announced {chunk.checksum}")
+        path = Path(self.staging_dir) / f"empo2-weights-{self.server_id}.safetensors"
+        write_safetensors(path, metas, buffers)
+        return path

@@ -1,0 +1,115 @@
+"""Prometheus metrics of every role, in one place, named empo2_<role>_<what>_<unit>.
+
+Each process has its own registry (no default-process collectors mixed in) served on its own
+port (MetricsConfig.port). Every role exports messages in/out, rejected messages by reason and
+the policy version it last saw, so a Grafana board can line roles up by version.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class RoleMetrics:
+    """The metrics every role has; role-specific ones are added by the subclasses below."""
+
+    def __init__(self, role: str):
+        self.role = role
+        self.registry = CollectorRegistry(auto_describe=True)
+        p = f"empo2_{role}"
+        self.messages_in = Counter(f"{p}_messages_received", "Messages received", ["kind"], registry=self.registry)
+        self.messages_out = Counter(f"{p}_messages_sent", "Messages sent", ["kind"], registry=self.registry)
+        self.rejected = Counter(f"{p}_messages_rejected", "Malformed or refused messages", ["reason"], registry=self.registry)
+        self.errors = Counter(f"{p}_errors", "Errors while handling work", ["where"], registry=self.registry)
+        self.policy_version = Gauge(f"{p}_policy_version", "Latest policy version seen", registry=self.registry)
+
+    def _counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+        return Counter(f"empo2_{self.role}_{name}", doc, list(labels), registry=self.registry)
+
+    def _gauge(self, name: str, doc: str) -> Gauge:
+        return Gauge(f"empo2_{self.role}_{name}", doc, registry=self.registry)
+
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(f"empo2_{self.role}_{name}", doc, buckets=buckets, registry=self.registry)
+
+    def serve(self, host: str, port: int) -> None:
+        start_http_server(port, addr=host, registry=self.registry)
+
+
+_SECONDS = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+
+
+class PolicyServerMetrics(RoleMetrics):
+    def __init__(self) -> None:
+        super().__init__("policy_server")
+        self.ready = self._gauge("ready", "1 once the engine serves requests")
+        self.requests_in_flight = self._gauge("requests_in_flight", "Generation requests being served")
+        self.generated_tokens = self._counter("generated_tokens", "Response tokens generated")
+        self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens processed")
+        self.request_latency = self._histogram("request_latency_seconds", "Generation latency", _SECONDS)
+        self.weight_updates = self._counter("weight_updates", "Weight updates applied")
+        self.weight_update_seconds = self._histogram("weight_update_seconds", "Receive-to-live time of an update", _SECONDS)
+        self.weight_update_bytes = self._counter("weight_update_bytes", "Weight bytes received")
+
+
+class EnvActorMetrics(RoleMetrics):
+    def __init__(self) -> None:
+        super().__init__("env_actor")
+        self.episodes = self._counter("episodes", "Episodes finished and uploaded", ("mode",))
+        self.env_steps = self._counter("env_steps", "Environment steps taken")
+        self.invalid_actions = self._counter("invalid_actions_mapped", "Generated actions mapped to a valid one")
+        self.memory_fallbacks = self._counter("memory_fallbacks", "Turns that went without tips because memory was unreachable")
+        self.tips_shown = self._counter("tips_shown", "Tips put into prompts")
+        self.last_score = self._gauge("last_episode_score", "Score of the last finished episode")
+        self.step_seconds = self._histogram("step_seconds", "Wall time of one turn (generate + env step)", _SECONDS)
+
+
+class ReplayBufferMetrics(RoleMetrics):
+    def __init__(self) -> None:
+        super().__init__("replay_buffer")
+        self.trajectories = self._counter("trajectories_accepted", "Trajectories accepted and persisted", ("mode",))
+        self.duplicates = self._counter("trajectories_duplicate", "Re-sent trajectories already held")
+        self.assignments = self._counter("assignments", "Rollout slots handed out", ("mode",))
+        self.reassigned = self._counter("assignments_reissued", "Slots handed out again after their lease expired")
+        self.groups_ready = self._gauge("groups_ready", "Complete groups waiting for the learner")
+        self.groups_served = self._counter("groups_served", "Groups handed to the learner")
+        self.groups_dropped_stale = self._counter("groups_dropped_stale", "Groups dropped as too stale")
+        self.staleness = self._histogram("batch_staleness_versions", "Learner version minus sample version", (0, 1, 2, 3, 4, 6, 8, 16))
+
+
+class MemoryServiceMetrics(RoleMetrics):
+    def __init__(self) -> None:
+        super().__init__("memory_service")
+        self.entries = self._gauge("entries", "Memory entries stored, all memories")
+        self.memories = self._gauge("memories", "Distinct memories (keys)")
+        self.retrievals = self._counter("retrievals", "Retrieval queries answered")
+        self.hits = self._histogram("retrieval_hits", "Memories returned per query", (0, 1, 2, 3, 5, 8, 10))
+        self.reflections = self._counter("reflections", "Reflections written by the policy")
+        self.reflection_seconds = self._histogram("reflection_seconds", "Reflection latency", _SECONDS)
+        self.reflection_queue = self._gauge("reflection_queue_depth", "Episodes waiting for reflection")
+
+
+class LearnerMetrics(RoleMetrics):
+    def __init__(self) -> None:
+        super().__init__("learner")
+        self.steps = self._counter("steps", "Optimizer steps taken")
+        self.samples = self._counter("samples", "Turn samples trained on")
+        self.tokens = self._counter("tokens", "Response tokens in the loss")
+        self.loss = self._gauge("loss", "Last policy loss")
+        self.step_seconds = self._histogram("step_seconds", "Wall time of one optimizer step", _SECONDS)
+        self.push_seconds = self._histogram("weight_push_seconds", "Wall time of one weight push", _SECONDS)
+        self.stats = {
+            name: self._gauge(name, doc)
+            for name, doc in {
+                "ratio_mean": "Mean importance ratio",
+                "ratio_max": "Max importance ratio",
+                "clip_fraction": "Fraction of tokens clipped",
+                "dual_clip_fraction": "Fraction of tokens hit by the dual clip",
+                "masked_fraction": "Fraction of samples dropped by the low-probability mask",
+                "advantage_abs_mean": "Mean |advantage|",
+                "logprob_mismatch_mean_nats": "Mean |vLLM - learner| log-prob on same-version on-policy tokens",
+                "logprob_mismatch_max_nats": "Max |vLLM - learner| log-prob on same-version on-policy tokens",
+                "staleness_mean_versions": "Mean policy-version lag of the batch",
+                "episode_score_mean": "Mean final score of the batch's episodes",
+            }.items()
+        }

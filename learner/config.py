@@ -1,0 +1,39 @@
+"""Configuration of the replay buffer and the learner, including the EMPO2 objective."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ReplayBufferConfig:
+    tasks: list[str] = field(default_factory=lambda: ["find-living-thing"])  # ScienceWorld tasks
+    variations_per_task: int = 5  # train on the first N train variations of each task
+    group_size: int = 8  # G: rollouts per (task, variation) group, sharing one mode
+    p_memory: float = 0.25  # p: probability that a group rolls out with tips
+    q_off_policy: float = 0.68  # q: P(off-policy update | tip rollout)
+    max_open_groups: int = 4  # groups handed out but not yet complete
+    assignment_timeout_s: float = 1800.0  # a slot not returned by then is handed out again
+    log_file: str = "buffer.log"  # inside run_dir: append-only log of accepted trajectories
+
+
+@dataclass
+class LearnerConfig:
+    total_steps: int = 3  # optimizer steps; the policy version rises by one per step
+    groups_per_step: int = 1  # complete GRPO groups per batch
+    max_staleness: int = 4  # groups generated more than this many versions ago are dropped
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    clip_low: float = 0.2  # ratio clipped to [1 - clip_low, 1 + clip_high]
+    clip_high: float = 0.3
+    dual_clip: float = 10.0  # for negative advantages the loss is bounded by dual_clip * |A|
+    low_prob_threshold: float = -5.0  # drop a tip-rollout turn whose min tip-free log-prob is below
+    intrinsic_coef: float = 1.0  # r_int = coef / (n + 1) in tip modes
+    score_scale: float = 0.01  # ScienceWorld scores (0..100) are scaled to 0..1 before adding r_int
+    adv_eps: float = 1e-6
+    checkpoint_every: int = 0  # 0 = only at the end
+    weight_chunk_bytes: int = 64 << 20  # weight push message size
+    push_timeout_s: float = 300.0
+    batch_poll_s: float = 2.0  # wait between batch requests while groups are incomplete
+    torch_threads: int = 0  # 0 = torch default

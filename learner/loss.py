@@ -1,0 +1,64 @@
+"""The EMPO2 objective (Liu et al., "Exploratory Memory-Augmented LLM Agent via Hybrid On- and
+Off-Policy Optimization", ICLR 2026, arXiv 2602.23008), per response token a_t of a turn sample.
+
+Importance ratio (paper Table 3), with s the prompt and tips the retrieved memories:
+    on-policy            log r_t = log πθ(a_t | s)        − log πθold(a_t | s)
+    on-policy with tips  log r_t = log πθ(a_t | s, tips)  − log πθold(a_t | s, tips)
+    off-policy           log r_t = log πθ(a_t | s)        − log πθold(a_t | s, tips)
+πθold is the behaviour policy: the log-probs the policy server returned when it sampled a_t.
+The caller scores the prompt that matches the mode (tips removed for off-policy, see samples.py);
+this module only sees the two log-probs.
+
+Clipped surrogate with asymmetric clip and dual clip (no KL, no entropy term):
+    L1_t = −A · r_t
+    L2_t = −A · clip(r_t, 1 − ε_low, 1 + ε_high)
+    L_t  = max(L1_t, L2_t)                  if A ≥ 0
+         = min(max(L1_t, L2_t), −A · c)     if A < 0     (dual clip, c = 10)
+Aggregated as a token mean over every unmasked response token of the batch.
+
+Low-probability mask: a turn sample rolled out with tips is dropped whole when the minimum
+log-prob of its response under the tip-free prompt is below τ = −5 (paper Figure 6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ClipConfig:
+    clip_low: float = 0.2  # ε_low
+    clip_high: float = 0.3  # ε_high
+    dual_clip: float = 10.0  # c
+
+
+def clipped_policy_loss(
+    logp: torch.Tensor,  # [N] log πθ of the response tokens (with grad)
+    behaviour_logp: torch.Tensor,  # [N] log πθold from the policy server
+    advantages: torch.Tensor,  # [N] the turn's advantage, repeated over its tokens
+    clip: ClipConfig,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token loss L_t [N] and per-token diagnostics (all detached but the loss)."""
+    logratio = logp - behaviour_logp
+    ratio = torch.exp(logratio)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip.clip_low, 1.0 + clip.clip_high)
+    pg_loss_clipped = torch.maximum(pg_loss1, pg_loss2)
+    pg_loss3 = -advantages * clip.dual_clip
+    pg_loss = torch.where(advantages < 0, torch.minimum(pg_loss_clipped, pg_loss3), pg_loss_clipped)
+    diagnostics = {
+        "ratio": ratio.detach(),
+        "clipped": (pg_loss2 > pg_loss1).detach(),
+        "dual_clipped": ((advantages < 0) & (pg_loss3 < pg_loss_clipped)).detach(),
+        "approx_kl": ((ratio - 1) - logratio).detach(),  # k3 estimator of KL(πθold || πθ)
+    }
+    return pg_loss, diagnostics
+
+
+def low_probability_mask(tipfree_logp_min: float, rolled_out_with_tips: bool, threshold: float | None) -> bool:
+    """True if the turn sample stays in the loss."""
+    if threshold is None or not rolled_out_with_tips:
+        return True
+    return tipfree_logp_min >= threshold

@@ -1,0 +1,64 @@
+"""From trajectories to per-turn training samples, with the prompt each mode is updated on.
+
+Each turn is one sample: (prompt at that turn, its ≤32-token response). For the off-policy mode
+the tips are cut out of the prompt at the token level (the spans the actor recorded), so the
+learner scores log πθ(a | s) while the behaviour log-prob stays log πθold(a | s, tips).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from learner.advantages import TIP_MODES, group_advantages, turn_rewards
+from protocol.messages import OFF_POLICY, Trajectory
+
+
+@dataclass
+class TurnSample:
+    update_prompt: np.ndarray  # int32 [P'] prompt scored for the gradient (tips removed if off-policy)
+    tipfree_prompt: np.ndarray  # int32 [P''] prompt without any tip: the low-probability mask's
+    response: np.ndarray  # int32 [T]
+    behaviour_logp: np.ndarray  # float32 [T] log πθold from the policy server
+    advantage: float
+    mode: str
+    policy_version: int  # version that generated the response
+    with_tips: bool  # the rollout showed tips in this turn's prompt
+
+    @property
+    def update_is_behaviour_prompt(self) -> bool:
+        """The learner scores exactly what the server scored (lets us measure log-prob mismatch)."""
+        return not (self.mode == OFF_POLICY and self.with_tips)
+
+
+def remove_spans(prompt: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    keep = np.ones(len(prompt), dtype=bool)
+    for start, end in spans:
+        keep[start:end] = False
+    return prompt[keep]
+
+
+def build_samples(trajectories: list[Trajectory], score_scale: float, intrinsic_coef: float, eps: float) -> list[TurnSample]:
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for traj in trajectories:
+        groups[traj.group_id].append(traj)
+    samples = []
+    for members in groups.values():
+        rewards = [turn_rewards(t, score_scale, intrinsic_coef) for t in members]
+        for traj, advantages in zip(members, group_advantages(rewards, eps)):
+            for i in range(traj.num_turns):
+                prompt, spans = traj.turn_prompt(i), traj.turn_tip_spans(i)
+                tipfree = remove_spans(prompt, spans)
+                samples.append(TurnSample(
+                    update_prompt=tipfree if traj.mode == OFF_POLICY else prompt,
+                    tipfree_prompt=tipfree,
+                    response=traj.turn_response(i),
+                    behaviour_logp=traj.turn_behaviour_logprobs(i),
+                    advantage=float(advantages[i]),
+                    mode=traj.mode,
+                    policy_version=int(traj.policy_versions[i]),
+                    with_tips=bool(spans) and traj.mode in TIP_MODES,
+                ))
+    return samples

@@ -1,0 +1,206 @@
+"""Learner: batches of complete GRPO groups -> EMPO2 update -> new weights to every policy server.
+
+The loop (Learner.run) reads top to bottom:
+    get batch -> build turn samples -> optimizer step -> version += 1 -> push weights
+              -> maybe checkpoint -> publish metrics
+Sockets (DEALER clients): replay buffer (BatchRequest -> Batch | Wait), each policy server
+(WeightChunk -> WeightUpdateAck).
+
+Run: `empo2-learner [key=value ...]`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import zmq
+
+from common.config import PipelineConfig, load_config
+from common.logs import setup_logging
+from common.metrics import LearnerMetrics
+from common.model_prep import resolve_model
+from common.process import exit_on_sigterm
+from learner.config import LearnerConfig
+from learner.loss import ClipConfig, clipped_policy_loss, low_probability_mask
+from learner.policy_model import load_policy, response_logprobs
+from learner.samples import TurnSample, build_samples
+from learner.weight_push import build_chunks, push_weights, weight_tensors
+from protocol import Client
+from protocol.messages import ON_POLICY_TIPS, Batch, BatchRequest, Trajectory, Wait
+from protocol.transport import wait_until_ready
+
+log = logging.getLogger("learner")
+
+
+@dataclass
+class StepStats:
+    loss: float  # token-mean policy loss of the step
+    samples: int
+    samples_masked: int
+    tokens: int
+    ratio_mean: float
+    ratio_max: float
+    clip_fraction: float
+    dual_clip_fraction: float
+    approx_kl: float
+    advantage_abs_mean: float
+    logprob_mismatch_mean_nats: float  # |vLLM - learner| on same-version, same-prompt tokens
+    logprob_mismatch_max_nats: float
+    mismatch_tokens: int
+
+
+def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, version: int) -> StepStats:
+    """One optimizer step over all samples: the token mean of the EMPO2 loss.
+
+    Samples are processed one at a time (activations of one sequence in memory) with their loss
+    *sums* back-propagated; the gradients are divided by the number of kept tokens at the end,
+    which is exactly the token mean without knowing the low-probability mask in advance.
+    """
+    clip = ClipConfig(cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum, kept_tokens, masked = 0.0, 0, 0
+    ratios, clipped, dual, kls, mismatch = [], [], [], [], []
+    for s in samples:
+        response = torch.from_numpy(s.response.astype(np.int64))
+        logp = response_logprobs(model, torch.from_numpy(s.update_prompt.astype(np.int64)), response)
+        if s.with_tips and s.mode == ON_POLICY_TIPS:  # scored with tips: the mask needs a tip-free pass
+            with torch.no_grad():
+                tipfree_logp = response_logprobs(model, torch.from_numpy(s.tipfree_prompt.astype(np.int64)), response)
+        else:
+            tipfree_logp = logp.detach()
+        behaviour = torch.from_numpy(s.behaviour_logp.astype(np.float32))
+        if s.policy_version == version and s.update_is_behaviour_prompt:
+            mismatch.append((logp.detach() - behaviour).abs())
+        if not low_probability_mask(float(tipfree_logp.min()), s.with_tips, cfg.low_prob_threshold):
+            masked += 1
+            continue
+        advantages = torch.full_like(logp, s.advantage)
+        pg_loss, diag = clipped_policy_loss(logp, behaviour, advantages, clip)
+        pg_loss.sum().backward()
+        loss_sum += float(pg_loss.detach().sum())
+        kept_tokens += logp.numel()
+        ratios.append(diag["ratio"]), clipped.append(diag["clipped"]), dual.append(diag["dual_clipped"]), kls.append(diag["approx_kl"])
+    if kept_tokens:
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.div_(kept_tokens)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+    cat = lambda xs: torch.cat(xs) if xs else torch.zeros(1)  # noqa: E731
+    ratio, mism = cat(ratios), cat(mismatch)
+    return StepStats(
+        loss=loss_sum / max(kept_tokens, 1), samples=len(samples), samples_masked=masked, tokens=kept_tokens,
+        ratio_mean=float(ratio.mean()), ratio_max=float(ratio.max()),
+        clip_fraction=float(cat(clipped).float().mean()), dual_clip_fraction=float(cat(dual).float().mean()),
+        approx_kl=float(cat(kls).mean()), advantage_abs_mean=float(np.mean([abs(s.advantage) for s in samples])) if samples else 0.0,
+        logprob_mismatch_mean_nats=float(mism.mean()), logprob_mismatch_max_nats=float(mism.max()),
+        mismatch_tokens=sum(m.numel() for m in mismatch),
+    )
+
+
+class Learner:
+    def __init__(self, cfg: PipelineConfig):
+        self.cfg, self.lcfg = cfg, cfg.learner
+        self.metrics = LearnerMetrics()
+        if self.lcfg.torch_threads:
+            torch.set_num_threads(self.lcfg.torch_threads)
+        torch.manual_seed(cfg.seed)
+        self.model_path = resolve_model(cfg.model.name, cfg.model.cache_dir or None)
+        self.model, self.tokenizer = load_policy(self.model_path)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lcfg.lr, weight_decay=self.lcfg.weight_decay)
+        ctx = zmq.Context.instance()
+        self.buffer = Client(ctx, cfg.endpoints.replay_buffer, timeout_s=60.0)
+        self.policies = [Client(ctx, ep, timeout_s=self.lcfg.push_timeout_s) for ep in cfg.endpoints.policy_servers]
+        self.version = 0  # the policy version the current weights are; +1 per optimizer step
+        self.history: list[dict] = []
+
+    def run(self) -> dict:
+        for client in [self.buffer, *self.policies]:
+            wait_until_ready(client, "learner", self.cfg.env_actor.startup_timeout_s,
+                             on_wait=lambda left, ep=client.endpoint: log.info("waiting for %s (%.0fs left)", ep, left))
+        log.info("learner ready at policy version %d; training %d steps", self.version, self.lcfg.total_steps)
+        while self.version < self.lcfg.total_steps:
+            batch = self.next_batch()
+            t0 = time.perf_counter()
+            samples = build_samples(batch.trajectories, self.lcfg.score_scale, self.lcfg.intrinsic_coef, self.lcfg.adv_eps)
+            stats = train_step(self.model, self.optimizer, samples, self.lcfg, self.version)
+            self.version += 1
+            step_s = time.perf_counter() - t0
+            push_s = push_weights(self.policies, build_chunks(weight_tensors(self.model), self.version, self.lcfg.weight_chunk_bytes), self.lcfg.push_timeout_s)
+            if self.lcfg.checkpoint_every and self.version % self.lcfg.checkpoint_every == 0:
+                self.save_checkpoint()
+            self.publish(batch.trajectories, stats, step_s, push_s)
+        return self.finish()
+
+    def next_batch(self) -> Batch:
+        request = BatchRequest(learner_version=self.version, num_groups=self.lcfg.groups_per_step, max_staleness=self.lcfg.max_staleness)
+        while True:
+            reply = self.buffer.call(request)
+            if isinstance(reply, Batch):
+                return reply
+            assert isinstance(reply, Wait)
+            time.sleep(reply.retry_after_s)
+
+    def publish(self, trajectories: list[Trajectory], stats: StepStats, step_s: float, push_s: float) -> None:
+        m = self.metrics
+        m.steps.inc()
+        m.samples.inc(stats.samples)
+        m.tokens.inc(stats.tokens)
+        m.loss.set(stats.loss)
+        m.step_seconds.observe(step_s)
+        m.push_seconds.observe(push_s)
+        m.policy_version.set(self.version)
+        staleness = [self.version - 1 - v for t in trajectories for v in t.policy_versions.tolist()]
+        record = {
+            "step": self.version, "policy_version": self.version, "episodes": len(trajectories),
+            "episode_score_mean": float(np.mean([t.score for t in trajectories])),
+            "modes": sorted({t.mode for t in trajectories}), "staleness_mean_versions": float(np.mean(staleness)),
+            "masked_fraction": stats.samples_masked / max(stats.samples, 1), "step_seconds": step_s, "weight_push_seconds": push_s,
+            **{k: v for k, v in vars(stats).items()},
+        }
+        for name, gauge in m.stats.items():
+            if name in record:
+                gauge.set(record[name])
+        self.history.append(record)
+        log.info("step %d: loss=%.4f samples=%d (masked %d) tokens=%d score=%.1f ratio=%.3f clip=%.3f "
+                 "mismatch=%.2e/%.2e nats step=%.1fs push=%.1fs", self.version, stats.loss, stats.samples,
+                 stats.samples_masked, stats.tokens, record["episode_score_mean"], stats.ratio_mean,
+                 stats.clip_fraction, stats.logprob_mismatch_mean_nats, stats.logprob_mismatch_max_nats, step_s, push_s)
+
+    def save_checkpoint(self) -> str:
+        path = self.cfg.run_path("checkpoints", f"step_{self.version:06d}")
+        self.model.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)
+        torch.save({"step": self.version, "optimizer": self.optimizer.state_dict()}, path / "trainer_state.pt")
+        log.info("checkpoint saved: %s", path)
+        return str(path)
+
+    def finish(self) -> dict:
+        summary = {"steps": self.version, "policy_version": self.version, "final_checkpoint": self.save_checkpoint(), "history": self.history}
+        self.cfg.run_path("learner_summary.json").write_text(json.dumps(summary, indent=1))
+        return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = load_config(sys.argv[1:] if argv is None else argv)
+    setup_logging("learner")
+    exit_on_sigterm()
+    learner = Learner(cfg)
+    learner.metrics.serve(cfg.metrics.host, cfg.metrics.port("learner"))
+    try:
+        summary = learner.run()
+    except (KeyboardInterrupt, SystemExit):
+        log.info("stopping at policy version %d", learner.version)
+        return
+    log.info("done: %d steps, policy version %d, checkpoint %s", summary["steps"], summary["policy_version"], summary["final_checkpoint"])
+
+
+if __name__ == "__main__":
+    main()

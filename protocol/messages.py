@@ -1,0 +1,342 @@
+"""Every message that crosses a process boundary. Each field says: meaning, producer -> consumer.
+
+Roles: policy server (actors.policy_server), env actor (actors.env_actor), replay buffer
+(learner.replay_buffer), memory service (memory_service.service), learner (learner.train).
+Socket-level conventions (patterns, who binds, timeouts) are in protocol/transport.py and
+protocol/README.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from protocol.codec import Message, ProtocolError, register
+
+# Rollout/update modes of EMPO2 (empo2.md, "Rollout and update modes").
+ON_POLICY = "on_policy"  # rollout without tips, update without tips
+ON_POLICY_TIPS = "on_policy_tips"  # rollout with tips, update with the same tips in the prompt
+OFF_POLICY = "off_policy"  # rollout with tips, update with tips removed from the prompt
+MODES = (ON_POLICY, ON_POLICY_TIPS, OFF_POLICY)
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ProtocolError("invalid", message)
+
+
+# ------------------------------------------------------------------------------- control
+
+
+@register
+@dataclass
+class Ping(Message):
+    """Handshake / liveness probe. Any client -> any server."""
+
+    KIND = "ping"
+    sender: str  # who asks, for logs
+
+
+@register
+@dataclass
+class Pong(Message):
+    """Reply to Ping. Server -> client."""
+
+    KIND = "pong"
+    role: str  # "policy_server" | "replay_buffer" | "memory_service"
+    policy_version: int  # latest policy version this server knows (-1 if it has none)
+    ready: bool  # False while the server is still starting its heavy parts
+
+
+@register
+@dataclass
+class ErrorReply(Message):
+    """A request was rejected. Any server -> the client that sent it."""
+
+    KIND = "error"
+    reason: str  # stable label (ProtocolError.reason or a server-side reason)
+    detail: str  # human-readable explanation
+
+
+@register
+@dataclass
+class Ack(Message):
+    """Generic acknowledgement: the request was accepted (and persisted where the server persists)."""
+
+    KIND = "ack"
+    ref: str  # id of what is acknowledged (episode id, ...)
+    detail: str = ""
+
+
+@register
+@dataclass
+class Wait(Message):
+    """Nothing to hand out now; ask again later. Replay buffer -> actor or learner."""
+
+    KIND = "wait"
+    retry_after_s: float
+    reason: str = ""
+
+
+# ------------------------------------------------------------------------- generation
+
+
+@register
+@dataclass
+class GenerateRequest(Message):
+    """One completion. Env actor / memory service -> policy server."""
+
+    KIND = "generate_request"
+    request_id: str  # unique per request, echoed in the response
+    prompt_token_ids: np.ndarray  # int32 [P], already chat-templated by the caller
+    max_tokens: int  # generation cap (32 for actions, 128 for reflections)
+    temperature: float  # 1.0 in training, 0.0 for greedy
+    seed: int  # per-request seed: identical prompts with identical seeds sample identically
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)  # extra stop strings
+
+    def validate(self) -> None:
+        _check(self.prompt_token_ids.ndim == 1 and self.prompt_token_ids.size > 0, "empty prompt")
+        _check(self.prompt_token_ids.dtype == np.int32, "prompt_token_ids must be int32")
+        _check(0 < self.max_tokens <= 4096, f"max_tokens {self.max_tokens} out of (0, 4096]")
+        _check(0.0 <= self.temperature <= 10.0, "temperature out of [0, 10]")
+        _check(0.0 < self.top_p <= 1.0, "top_p out of (0, 1]")
+
+
+@register
+@dataclass
+class GenerateResponse(Message):
+    """The completion. Policy server -> requester."""
+
+    KIND = "generate_response"
+    request_id: str
+    token_ids: np.ndarray  # int32 [T] sampled response tokens
+    logprobs: np.ndarray  # float32 [T] behaviour log-prob of each sampled token
+    text: str  # detokenised response
+    policy_version: int  # version of the weights that produced every token (never mixed)
+    finish_reason: str  # "stop" | "length" | "abort"
+
+    def validate(self) -> None:
+        _check(self.token_ids.shape == self.logprobs.shape, "token_ids/logprobs length differ")
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+@dataclass
+class TensorMeta:
+    """Name, dtype and shape of one tensor of a weight update."""
+
+    name: str  # HF checkpoint name, e.g. "model.layers.0.self_attn.q_proj.weight"
+    dtype: str  # torch dtype name: "float32" | "bfloat16" | "float16"
+    shape: list[int]
+
+
+@register
+@dataclass
+class WeightChunk(Message):
+    """Part of a weight update: raw tensor bytes as frames. Learner -> policy server.
+
+    An update is `num_chunks` chunks with the same version; the server applies it atomically
+    once every chunk has arrived and the checksum of all tensor bytes matches.
+    """
+
+    KIND = "weight_chunk"
+    version: int  # policy version these weights become
+    chunk_index: int  # 0 .. num_chunks-1
+    num_chunks: int
+    tensors: list[TensorMeta]
+    data: list[np.ndarray]  # uint8 [nbytes] per tensor, same order as `tensors`
+    checksum: str  # blake2b-128 hex over all tensors' bytes of the whole update, in order
+
+    def validate(self) -> None:
+        _check(self.version >= 0, "negative version")
+        _check(0 <= self.chunk_index < self.num_chunks <= 100_000, "bad chunk index/count")
+        _check(len(self.tensors) == len(self.data), "tensors/data length differ")
+        _check(all(d.dtype == np.uint8 and d.ndim == 1 for d in self.data), "data must be uint8[n]")
+
+
+def weights_checksum(buffers) -> str:
+    """WeightChunk.checksum: blake2b-128 over all tensors' bytes in order (sender and receiver)."""
+    h = hashlib.blake2b(digest_size=16)
+    for buf in buffers:
+        h.update(buf)
+    return h.hexdigest()
+
+
+@register
+@dataclass
+class WeightUpdateAck(Message):
+    """Reply to each WeightChunk; `applied` on the last one. Policy server -> learner."""
+
+    KIND = "weight_update_ack"
+    version: int  # the version the server now serves (after the last chunk)
+    chunk_index: int
+    applied: bool  # True once the whole update is live
+    apply_seconds: float = 0.0  # wall time of the in-engine reload
+
+
+# --------------------------------------------------------------------- rollouts & buffer
+
+
+@register
+@dataclass
+class AssignmentRequest(Message):
+    """An actor asks what to play next. Env actor -> replay buffer."""
+
+    KIND = "assignment_request"
+    actor_id: str
+
+
+@register
+@dataclass
+class Assignment(Message):
+    """One rollout slot of a GRPO group. Replay buffer -> env actor."""
+
+    KIND = "assignment"
+    group_id: str  # the G rollouts of one (task, variation) that share a mode
+    slot: int  # 0 .. G-1 within the group
+    task: str  # ScienceWorld task name
+    variation: int
+    mode: str  # one of MODES
+    seed: int  # sampling seed base for this rollout
+
+    def validate(self) -> None:
+        _check(self.mode in MODES, f"unknown mode {self.mode!r}")
+
+
+@register
+@dataclass
+class Trajectory(Message):
+    """A finished episode, turn by turn. Env actor -> replay buffer -> learner.
+
+    Turn i's prompt is prompt_token_ids[prompt_offsets[i]:prompt_offsets[i+1]] (the exact tokens
+    the policy server saw), its response likewise with response_offsets. tip_spans rows are
+    (turn, start, end): token positions, relative to that turn's prompt, of a <tip> block; the
+    learner deletes them for the off-policy update.
+    """
+
+    KIND = "trajectory"
+    episode_id: str
+    group_id: str
+    slot: int
+    actor_id: str
+    task: str
+    variation: int
+    mode: str  # one of MODES
+    score: float  # final ScienceWorld score, 0..100 (-100 on a failed goal)
+    done: bool  # the environment ended the episode (else the step limit did)
+    prompt_token_ids: np.ndarray  # int32 [sum P_i]
+    prompt_offsets: np.ndarray  # int64 [turns+1]
+    response_token_ids: np.ndarray  # int32 [sum T_i]
+    response_offsets: np.ndarray  # int64 [turns+1]
+    behaviour_logprobs: np.ndarray  # float32 [sum T_i], from the policy server
+    tip_spans: np.ndarray  # int32 [k, 3] rows (turn, start, end)
+    policy_versions: np.ndarray  # int32 [turns] version that generated each turn's action
+    num_memories: np.ndarray  # int32 [turns] memories retrieved for each turn (intrinsic reward)
+    observations: list[str]  # the state text at each turn
+    actions: list[str]  # the (valid) action executed at each turn
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.policy_versions)
+
+    def validate(self) -> None:
+        n = self.num_turns
+        _check(self.mode in MODES, f"unknown mode {self.mode!r}")
+        _check(n > 0, "trajectory without turns")
+        for name, arr, size in (
+            ("prompt_offsets", self.prompt_offsets, self.prompt_token_ids.size),
+            ("response_offsets", self.response_offsets, self.response_token_ids.size),
+        ):
+            _check(arr.shape == (n + 1,), f"{name} must have turns+1 entries")
+            _check(arr[0] == 0 and arr[-1] == size, f"{name} must span its token array")
+            _check(bool(np.all(np.diff(arr) > 0)), f"{name} must be strictly increasing")
+        _check(self.behaviour_logprobs.shape == self.response_token_ids.shape, "logprobs length")
+        _check(self.num_memories.shape == (n,), "num_memories must have one entry per turn")
+        _check(len(self.observations) == n and len(self.actions) == n, "text lists per turn")
+        spans = self.tip_spans
+        _check(spans.ndim == 2 and spans.shape[1] == 3, "tip_spans must be [k, 3]")
+        for turn, start, end in spans.tolist():
+            _check(0 <= turn < n, "tip span turn out of range")
+            plen = int(self.prompt_offsets[turn + 1] - self.prompt_offsets[turn])
+            _check(0 <= start < end <= plen, "tip span outside its prompt")
+
+    def turn_prompt(self, i: int) -> np.ndarray:
+        return self.prompt_token_ids[self.prompt_offsets[i] : self.prompt_offsets[i + 1]]
+
+    def turn_response(self, i: int) -> np.ndarray:
+        return self.response_token_ids[self.response_offsets[i] : self.response_offsets[i + 1]]
+
+    def turn_behaviour_logprobs(self, i: int) -> np.ndarray:
+        return self.behaviour_logprobs[self.response_offsets[i] : self.response_offsets[i + 1]]
+
+    def turn_tip_spans(self, i: int) -> list[tuple[int, int]]:
+        return [(s, e) for t, s, e in self.tip_spans.tolist() if t == i]
+
+
+@register
+@dataclass
+class BatchRequest(Message):
+    """The learner asks for complete groups. Learner -> replay buffer."""
+
+    KIND = "batch_request"
+    learner_version: int  # the learner's current policy version
+    num_groups: int  # groups wanted
+    max_staleness: int  # drop groups whose oldest turn is older than learner_version - this
+
+
+@register
+@dataclass
+class Batch(Message):
+    """Complete groups, oldest first. Replay buffer -> learner."""
+
+    KIND = "batch"
+    trajectories: list[Trajectory]
+    dropped_stale: int  # groups dropped for staleness since the previous batch
+
+
+# ------------------------------------------------------------------------------- memory
+
+
+@register
+@dataclass
+class MemoryQuery(Message):
+    """Which memories fit this state? Env actor -> memory service."""
+
+    KIND = "memory_query"
+    task: str
+    variation: int
+    state: str  # current observation text, embedded by the service
+
+
+@register
+@dataclass
+class MemoryResult(Message):
+    """Retrieved tips, best episode score first. Memory service -> env actor."""
+
+    KIND = "memory_result"
+    tips: list[str]
+    scores: list[float]  # stored episode score of each tip
+    count: int  # n for the intrinsic reward 1/(n+1)
+
+
+@register
+@dataclass
+class EpisodeReport(Message):
+    """A finished episode to reflect on and store. Env actor -> memory service."""
+
+    KIND = "episode_report"
+    episode_id: str
+    task: str
+    variation: int
+    task_description: str
+    score: float
+    observations: list[str]  # state at each step: the retrieval keys
+    actions: list[str]  # action taken at each step
+
+    def validate(self) -> None:
+        _check(len(self.observations) == len(self.actions) > 0, "one observation per action")
