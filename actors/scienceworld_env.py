@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 _WORD = re.compile(r"[a-z0-9]+")
+_EDGE_NOISE = re.compile(r"^[\s>`\"']+|[\s.`\"']+$")  # prompt arrows, quotes, trailing dots
 
 
 def _words(text: str) -> frozenset[str]:
@@ -20,7 +21,7 @@ def _words(text: str) -> frozenset[str]:
 def clean_action(text: str) -> str:
     """First non-empty line of a generation, without quotes, prompt arrows or trailing dots."""
     for line in text.strip().splitlines():
-        line = line.strip().strip("`\"'").lstrip(">").strip().rstrip(".").strip()
+        line = _EDGE_NOISE.sub("", line)
         if line:
             return line.lower()
     return ""

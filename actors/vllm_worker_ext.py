@@ -20,4 +20,21 @@ class WeightUpdateExtension:
         with safe_open(path, framework="pt") as f:
             weights = [(name, f.get_tensor(name)) for name in f.keys()]
         self.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        self._retie_lm_head()
         return len(weights)
+
+    def _retie_lm_head(self) -> None:
+        """Re-tie a tied lm_head to the freshly loaded embedding.
+
+        vLLM's loader skips `lm_head.*` for tied models, and the layer-wise reload puts the
+        lm_head's *old* kernel tensors back, so without this the output projection keeps the
+        initial weights (the policy-server integration test catches it: 0.86 nats of log-prob
+        mismatch after one update). Re-running the layer's post-load processing redoes the CPU
+        backend's GEMM dispatch/packing for the new tensor; on GPU it is a no-op.
+        """
+        model = self.model_runner.get_model()
+        config = getattr(model, "config", None)
+        if not (getattr(config, "tie_word_embeddings", False) and hasattr(model, "lm_head")):
+            return
+        model.lm_head.weight = model.model.embed_tokens.weight  # vLLM decoder-only layout
+        model.lm_head.quant_method.process_weights_after_loading(model.lm_head)

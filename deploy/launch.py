@@ -71,6 +71,7 @@ class Launcher:
         buffer = scrape(host, m.port("replay_buffer"))
         memory = scrape(host, m.port("memory_service"))
         servers = [scrape(host, m.port("policy_server", i)) for i in range(len(self.cfg.endpoints.policy_servers))]
+        actors = [scrape(host, m.port("env_actor", j)) for j in range(self.cfg.launch.num_env_actors)]
         return {
             "learner_steps": total(learner, "empo2_learner_steps_total"),
             "episodes": total(buffer, "empo2_replay_buffer_trajectories_accepted_total"),
@@ -80,6 +81,10 @@ class Launcher:
             "server_versions": [s.get("empo2_policy_server_policy_version", -1) for s in servers],
             "servers_ready": sum(s.get("empo2_policy_server_ready", 0) for s in servers),
             "generated_tokens": sum(total(s, "empo2_policy_server_generated_tokens_total") for s in servers),
+            "memories_retrieved": total(memory, "empo2_memory_service_retrieval_hits_sum"),
+            "tips_shown": sum(total(a, "empo2_env_actor_tips_shown_total") for a in actors),
+            "memory_fallbacks": sum(total(a, "empo2_env_actor_memory_fallbacks_total") for a in actors),
+            "env_steps": sum(total(a, "empo2_env_actor_env_steps_total") for a in actors),
         }
 
     def wait(self) -> str:
@@ -148,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         "outcome": outcome, "wall_seconds": round(time.time() - t0, 1),
         "learner_steps": learner.get("steps", final["learner_steps"]),
         "policy_version": learner.get("policy_version"), "server_versions_at_end": final["server_versions"],
-        "episodes": final["episodes"], "memory_entries": final["memory_entries"], "reflections": final["reflections"],
+        "episodes": final["episodes"], "env_steps": final["env_steps"], "memory_entries": final["memory_entries"],
+        "reflections": final["reflections"], "memories_retrieved": final["memories_retrieved"], "tips_shown": final["tips_shown"],
+        "memory_fallbacks": final["memory_fallbacks"],
+        "weight_push_seconds": [round(h["weight_push_seconds"], 2) for h in history],
+        "step_seconds": [round(h["step_seconds"], 1) for h in history],
         "mean_episode_score": (sum(h["episode_score_mean"] * h["episodes"] for h in history) / max(sum(h["episodes"] for h in history), 1)) if history else None,
         "final_checkpoint": learner.get("final_checkpoint"), "logs": str(launcher.log_dir), "run_dir": cfg.run_dir,
     }

@@ -87,7 +87,8 @@ class ReplayBuffer:
 
     def assign(self, now: float) -> tuple[Assignment | None, bool]:
         """Next slot to play, oldest group first; (None, False) when max_open_groups are all
-        fully handed out. The flag says the slot is a re-issue of an expired lease."""
+        handed out or max_ready_groups wait for the learner (backpressure). The flag says the
+        slot is a re-issue of an expired lease."""
         for group in self.open.values():
             for slot in range(group.size):
                 if slot in group.trajectories:
@@ -96,7 +97,7 @@ class ReplayBuffer:
                 if leased is None or now - leased > self.cfg.assignment_timeout_s:
                     group.leases[slot] = now
                     return self._assignment(group, slot), leased is not None
-        if len(self.open) >= self.cfg.max_open_groups:
+        if len(self.open) >= self.cfg.max_open_groups or len(self.ready) >= self.cfg.max_ready_groups:
             return None, False
         task, variation = self.targets[self._next_target % len(self.targets)]
         self._next_target += 1
@@ -111,13 +112,13 @@ class ReplayBuffer:
 
     def add(self, traj: Trajectory) -> bool:
         """Accept a trajectory; False if it is a duplicate (already held or its slot is filled)."""
-        if traj.episode_id in self.episode_ids or traj.group_id in self.served:
+        if traj.episode_id in self.episode_ids or traj.group_id in self.served or not 0 <= traj.slot < self.cfg.group_size:
             return False
         group = self.open.get(traj.group_id)
         if group is None:  # unknown group: a replayed log, or a buffer restarted mid-group
             group = Group(traj.group_id, traj.task, traj.variation, traj.mode, self.cfg.group_size)
             self.open[traj.group_id] = group
-        if traj.slot in group.trajectories or not 0 <= traj.slot < group.size or traj.mode != group.mode:
+        if traj.slot in group.trajectories or traj.mode != group.mode:
             return False
         group.trajectories[traj.slot] = traj
         group.leases.pop(traj.slot, None)
@@ -173,7 +174,6 @@ class BufferLog:
             tag, size = cls._HEADER.unpack_from(data, pos)
             payload = data[pos + cls._HEADER.size : pos + cls._HEADER.size + size]
             if len(payload) < size:
-                log.warning("ignoring a torn record at the end of %s", path)
                 break
             pos += cls._HEADER.size + size
             count += 1
@@ -181,6 +181,10 @@ class BufferLog:
                 buffer.add(decode(unpack_frames(payload)))
             elif tag == b"S":
                 buffer.mark_served(payload.decode())
+        if pos < len(data):  # a record torn by a crash mid-write: cut it so appends start clean
+            log.warning("dropping a torn record of %d bytes at the end of %s", len(data) - pos, path)
+            with open(path, "r+b") as f:
+                f.truncate(pos)
         return count
 
 
@@ -219,7 +223,7 @@ class BufferProcess:
         if isinstance(msg, AssignmentRequest):
             assignment, reissued = self.buffer.assign(time.time())
             if assignment is None:
-                return Wait(retry_after_s=1.0, reason="all open groups are handed out")
+                return Wait(retry_after_s=1.0, reason="all open groups handed out, or the learner is behind")
             self.metrics.assignments.labels(assignment.mode).inc()
             self.metrics.reassigned.inc(int(reissued))
             return assignment

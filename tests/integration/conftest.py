@@ -1,0 +1,52 @@
+"""Fixtures that start real role processes and always stop them (process group kill)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class RoleProcess:
+    def __init__(self, module: str, overrides: list[str], log_path: Path):
+        self.log_path = log_path
+        env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", module, *overrides], cwd=REPO, stdout=log,
+                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of the group (vLLM workers, JVM)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+@pytest.fixture
+def start_role(tmp_path):
+    started: list[RoleProcess] = []
+
+    def start(module: str, overrides: list[str], name: str) -> RoleProcess:
+        role = RoleProcess(module, overrides, tmp_path / f"{name}.log")
+        started.append(role)
+        return role
+
+    yield start
+    for role in reversed(started):
+        role.stop()

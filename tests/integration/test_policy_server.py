@@ -1,0 +1,86 @@
+"""A real policy server (vLLM engine in its own process): generation, log-prob agreement with the
+learner's model, weight updates over ZeroMQ, and rejection of bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from common.model_prep import resolve_model
+from learner.policy_model import load_policy, response_logprobs
+from learner.weight_push import build_chunks, push_weights, weight_tensors
+from protocol import Client, RemoteError
+from protocol.messages import GenerateRequest, GenerateResponse, Ping, Pong, WeightChunk
+from protocol.transport import wait_until_ready
+
+pytestmark = pytest.mark.integration
+ENDPOINT = "tcp://127.0.0.1:25550"
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer():
+    return load_policy(resolve_model("embedded:SmolLM2-135M-Instruct"))
+
+
+def greedy(client: Client, prompt: np.ndarray) -> GenerateResponse:
+    reply = client.call(GenerateRequest(request_id="probe", prompt_token_ids=prompt, max_tokens=12, temperature=0.0, seed=0))
+    assert isinstance(reply, GenerateResponse)
+    return reply
+
+
+def learner_logprobs(model, prompt: np.ndarray, response: GenerateResponse) -> np.ndarray:
+    with torch.no_grad():
+        return response_logprobs(model, torch.from_numpy(prompt.astype(np.int64)), torch.from_numpy(response.token_ids.astype(np.int64))).numpy()
+
+
+def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    server = start_role("actors.policy_server", [f"endpoints.policy_servers=[{ENDPOINT}]", "metrics.base_port=29100", f"run_dir={tmp_path}"], "policy_server")
+    ctx = zmq.Context.instance()
+    client = Client(ctx, ENDPOINT, timeout_s=120)
+    try:
+        pong = wait_until_ready(client, "test", timeout_s=600)
+    except TimeoutError:
+        pytest.fail("policy server did not start:\n" + server.log()[-3000:])
+    assert pong.policy_version == 0
+
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Name one living thing."}], tokenize=False, add_generation_prompt=True)
+    prompt = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
+
+    before = greedy(client, prompt)
+    assert before.policy_version == 0 and len(before.token_ids) > 0
+    # vLLM's behaviour log-probs and the learner's recomputation agree (platform.md: ~1e-5 nats)
+    assert np.abs(learner_logprobs(model, prompt, before) - before.logprobs).max() < 1e-3
+
+    # a corrupted update is refused and changes nothing
+    chunks = build_chunks(weight_tensors(model), version=7, chunk_bytes=32 << 20)
+    bad = WeightChunk(version=7, chunk_index=0, num_chunks=1, tensors=chunks[0].tensors, data=chunks[0].data, checksum="0" * 32)
+    with pytest.raises(RemoteError) as err:
+        client.call(bad)
+    assert err.value.reason == "weight_update_rejected"
+
+    # perturb every tensor (the tied embedding too) and push it as version 1
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    seconds = push_weights([client], build_chunks(weight_tensors(model), version=1, chunk_bytes=32 << 20), timeout_s=300)
+    assert seconds > 0
+    after = greedy(client, prompt)
+    assert after.policy_version == 1
+    assert not (np.array_equal(after.token_ids, before.token_ids) and np.allclose(after.logprobs, before.logprobs))
+    # the server now computes exactly what the learner's updated weights compute (lm_head included)
+    assert np.abs(learner_logprobs(model, prompt, after) - after.logprobs).max() < 1e-3
+
+    # hostile bytes get an ErrorReply and the server keeps serving
+    raw = ctx.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(ENDPOINT)
+    raw.send_multipart([b"generate_request", b"\xc1\xff not msgpack"])
+    assert raw.poll(30_000)
+    assert raw.recv_multipart()[0] == b"error"
+    raw.close()
+    assert isinstance(client.call(Ping(sender="test")), Pong)
+    client.close()

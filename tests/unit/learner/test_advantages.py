@@ -1,0 +1,108 @@
+"""Per-turn rewards (extrinsic + intrinsic) and GRPO group advantages (learner/advantages.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from learner.advantages import TIP_MODES, group_advantages, turn_rewards
+from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory
+
+
+def _traj(mode: str, score: float, num_memories: list[int]) -> Trajectory:
+    n = len(num_memories)
+    traj = Trajectory(
+        episode_id="e", group_id="g", slot=0, actor_id="a", task="find-living-thing", variation=0,
+        mode=mode, score=score, done=True,
+        prompt_token_ids=np.arange(2 * n, dtype=np.int32), prompt_offsets=np.arange(0, 2 * n + 1, 2, dtype=np.int64),
+        response_token_ids=np.arange(n, dtype=np.int32), response_offsets=np.arange(n + 1, dtype=np.int64),
+        behaviour_logprobs=np.full(n, -1.0, dtype=np.float32), tip_spans=np.zeros((0, 3), dtype=np.int32),
+        policy_versions=np.zeros(n, dtype=np.int32), num_memories=np.asarray(num_memories, dtype=np.int32),
+        observations=["obs"] * n, actions=["look around"] * n,
+    )
+    traj.validate()
+    return traj
+
+
+def test_tip_modes_are_the_two_memory_modes():
+    assert set(TIP_MODES) == {ON_POLICY_TIPS, OFF_POLICY}
+
+
+def test_on_policy_reward_is_extrinsic_only_on_every_turn():
+    r = turn_rewards(_traj(ON_POLICY, 80.0, [0, 1, 3]), score_scale=0.01, intrinsic_coef=1.0)
+    # 80 * 0.01 = 0.8 on each of the 3 turns; no intrinsic reward (num_memories ignored)
+    np.testing.assert_allclose(r, [0.8, 0.8, 0.8], atol=1e-12)
+    assert r.dtype == np.float64
+
+
+@pytest.mark.parametrize("mode", [ON_POLICY_TIPS, OFF_POLICY])
+def test_tip_modes_add_intrinsic_reward(mode):
+    r = turn_rewards(_traj(mode, 0.0, [0, 1, 3]), score_scale=0.01, intrinsic_coef=1.0)
+    # 1/(0+1) = 1, 1/(1+1) = 0.5, 1/(3+1) = 0.25
+    np.testing.assert_allclose(r, [1.0, 0.5, 0.25], atol=1e-12)
+
+
+def test_intrinsic_plus_extrinsic_with_coefficient():
+    r = turn_rewards(_traj(OFF_POLICY, 50.0, [0, 4, 10]), score_scale=0.01, intrinsic_coef=0.5)
+    # 0.5 + 0.5/1 = 1.0 ; 0.5 + 0.5/5 = 0.6 ; 0.5 + 0.5/11 = 0.5454545...
+    np.testing.assert_allclose(r, [1.0, 0.6, 0.5 + 0.5 / 11], atol=1e-12)
+
+
+def test_intrinsic_coefficient_zero_disables_bonus():
+    r = turn_rewards(_traj(ON_POLICY_TIPS, 100.0, [0, 2]), score_scale=0.01, intrinsic_coef=0.0)
+    np.testing.assert_allclose(r, [1.0, 1.0], atol=1e-12)
+
+
+def test_negative_score_failed_goal():
+    r = turn_rewards(_traj(ON_POLICY, -100.0, [0, 0]), score_scale=0.01, intrinsic_coef=1.0)
+    np.testing.assert_allclose(r, [-1.0, -1.0], atol=1e-12)
+
+
+def test_group_advantages_pooled_over_all_turns_of_the_group():
+    adv = group_advantages([np.array([1.0, 1.0]), np.array([0.0])], eps=0.0)
+    # pooled [1, 1, 0]: mean = 2/3, var = (1/9 + 1/9 + 4/9) / 3 = 2/9, std = sqrt(2/9) = 0.4714045
+    # (1 - 2/3) / sqrt(2/9) = (1/3) / (sqrt(2)/3) = 1/sqrt(2) = 0.7071068
+    # (0 - 2/3) / sqrt(2/9) = -2/sqrt(2) = -sqrt(2) = -1.4142136
+    assert len(adv) == 2
+    np.testing.assert_allclose(adv[0], [0.7071068, 0.7071068], atol=1e-6)
+    np.testing.assert_allclose(adv[1], [-1.4142136], atol=1e-6)
+
+
+def test_group_advantages_eps_is_added_to_std():
+    adv = group_advantages([np.array([2.0]), np.array([0.0])], eps=1.0)
+    # mean 1, std 1: (2 - 1) / (1 + 1) = 0.5, (0 - 1) / 2 = -0.5
+    np.testing.assert_allclose(adv[0], [0.5], atol=1e-12)
+    np.testing.assert_allclose(adv[1], [-0.5], atol=1e-12)
+
+
+def test_group_advantages_differs_from_per_episode_normalisation():
+    # episode means are 1 and 0; per-turn pooling gives the turns of episode 0 different values
+    adv = group_advantages([np.array([0.0, 2.0]), np.array([0.0])], eps=0.0)
+    # pooled [0, 2, 0]: mean 2/3, var = (4/9 + 16/9 + 4/9) / 3 = 8/9, std = 2*sqrt(2)/3 = 0.9428090
+    # (0 - 2/3) / 0.9428090 = -0.7071068 ; (2 - 2/3) / 0.9428090 = 1.4142136
+    np.testing.assert_allclose(adv[0], [-0.7071068, 1.4142136], atol=1e-6)
+    np.testing.assert_allclose(adv[1], [-0.7071068], atol=1e-6)
+
+
+def test_all_equal_rewards_give_zero_advantages():
+    adv = group_advantages([np.array([0.5, 0.5]), np.array([0.5]), np.array([0.5, 0.5, 0.5])], eps=1e-6)
+    for a in adv:
+        assert np.all(np.isfinite(a))
+        np.testing.assert_array_equal(a, np.zeros_like(a))
+
+
+def test_single_member_group_with_one_turn_is_zero_and_finite():
+    adv = group_advantages([np.array([3.0])], eps=1e-6)
+    assert adv[0].tolist() == [0.0]
+
+
+def test_advantages_have_zero_mean_unit_std_over_pooled_turns():
+    rng = np.random.default_rng(0)
+    rewards = [rng.normal(size=k) for k in (3, 5, 1, 4)]
+    adv = group_advantages(rewards, eps=0.0)
+    pooled = np.concatenate(adv)
+    assert math.isclose(pooled.mean(), 0.0, abs_tol=1e-12)
+    assert math.isclose(pooled.std(), 1.0, rel_tol=1e-12)
+    assert [len(a) for a in adv] == [3, 5, 1, 4]
