@@ -51,8 +51,11 @@ class MemoryStore:
         self.db.execute(
             "CREATE TABLE IF NOT EXISTS entries (id INTEGER PRIMARY KEY, key TEXT, tip TEXT, score REAL, state TEXT, vector BLOB)"
         )
-        for row_id, key, tip, score, state, blob in self.db.execute("SELECT * FROM entries ORDER BY id"):
-            self._insert(key, row_id, Entry(tip, score, state), np.frombuffer(blob, np.float32))
+        evicted = []  # rows over a capacity lowered since the last run
+        for row_id, key, tip, score, state, blob in self.db.execute("SELECT * FROM entries ORDER BY id").fetchall():
+            evicted += self._insert(key, row_id, Entry(tip, score, state), np.frombuffer(blob, np.float32))
+        with self.db:
+            self.db.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in evicted])
 
     def add(self, key: str, entries: list[Entry], vectors: np.ndarray) -> int:
         """Store entries (vectors [N, D] unit norm); returns how many were new."""

@@ -123,16 +123,15 @@ def _decode(frames: Sequence[Any], max_bytes: int) -> Message:
     )
     if not isinstance(header, dict) or set(header) != {"v", "body"}:
         raise ProtocolError("malformed", "header must be a map with keys 'v' and 'body'")
-    if header["v"] != PROTOCOL_VERSION:
+    if type(header["v"]) is not int or header["v"] != PROTOCOL_VERSION:
         raise ProtocolError(
             "bad_version", f"protocol version {header['v']!r}, this process speaks {PROTOCOL_VERSION}"
         )
     buffers = [memoryview(f).cast("B") for f in raw[2:]]
     used: set[int] = set()
-    msg = _from_wire(cls, header["body"], buffers, used, kind)
+    msg = _from_wire(cls, header["body"], buffers, used, kind)  # validates every message in it
     if len(used) != len(buffers):
         raise ProtocolError("malformed", f"{len(buffers) - len(used)} unreferenced buffer frames")
-    msg.validate()
     return msg
 
 
@@ -165,7 +164,10 @@ def _from_wire(tp: Any, value: Any, buffers: list[memoryview], used: set[int], p
             name: _from_wire(hints[name], v, buffers, used, f"{path}.{name}")
             for name, v in value.items()
         }
-        return tp(**kwargs)
+        obj = tp(**kwargs)
+        if isinstance(obj, Message):  # nested messages too (a Batch's trajectories)
+            obj.validate()
+        return obj
     if origin is list:
         if not isinstance(value, list):
             raise ProtocolError("schema", f"{path}: expected a list")
@@ -199,7 +201,7 @@ def _array_from_wire(value: Any, buffers: list[memoryview], used: set[int], path
     if not isinstance(value, dict) or set(value) != {"__nd__", "dtype", "shape"}:
         raise ProtocolError("schema", f"{path}: expected an array reference")
     index, dtype, shape = value["__nd__"], value["dtype"], value["shape"]
-    if not isinstance(index, int) or not 0 <= index < len(buffers) or index in used:
+    if type(index) is not int or not 0 <= index < len(buffers) or index in used:
         raise ProtocolError("malformed", f"{path}: bad or reused buffer index {index!r}")
     if dtype not in ALLOWED_DTYPES:
         raise ProtocolError("schema", f"{path}: dtype {dtype!r} not allowed")

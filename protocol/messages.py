@@ -248,6 +248,9 @@ class Trajectory(Message):
         n = self.num_turns
         _check(self.mode in MODES, f"unknown mode {self.mode!r}")
         _check(n > 0, "trajectory without turns")
+        for name in ("prompt_token_ids", "response_token_ids", "tip_spans", "policy_versions", "num_memories"):
+            _check(getattr(self, name).dtype == np.int32, f"{name} must be int32")
+        _check(self.behaviour_logprobs.dtype == np.float32, "behaviour_logprobs must be float32")
         for name, arr, size in (
             ("prompt_offsets", self.prompt_offsets, self.prompt_token_ids.size),
             ("response_offsets", self.response_offsets, self.response_token_ids.size),
