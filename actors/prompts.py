@@ -44,7 +44,7 @@ class PromptBuilder:
         parts = [f"Task: {task}"]
         recent = history[-self.history_window :] if self.history_window > 0 else []
         if recent:
-            steps = "\n".join(f"> {action}\n{obs.strip()[:300]}" for action, obs in recent)
+            steps = "\n".join(f"> {action}\n{obs.strip()[:160]}" for action, obs in recent)
             parts.append(f"Your most recent actions and what followed:\n{steps}")
         parts.append(f"Current state:\n{state.strip()[: self.max_observation_chars]}")
         parts.append("What is your next action?")

@@ -1,0 +1,64 @@
+"""The deploy files agree with the code: scrape ports, dashboard metrics, systemd unit syntax."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from common.config import MetricsConfig
+from common.metrics import EnvActorMetrics, LearnerMetrics, MemoryServiceMetrics, PolicyServerMetrics, ReplayBufferMetrics
+from deploy.monitoring.make_dashboard import dashboard
+
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
+
+
+def _metric_names() -> set[str]:
+    names = set()
+    for cls in (EnvActorMetrics, LearnerMetrics, MemoryServiceMetrics, PolicyServerMetrics, ReplayBufferMetrics):
+        for family in cls().registry.collect():  # labelled families have no samples yet: use types
+            suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(family.type, [""])
+            names |= {family.name + suffix for suffix in suffixes}
+    return names
+
+
+def test_prometheus_targets_use_the_configured_ports():
+    scrape = yaml.safe_load((DEPLOY / "monitoring" / "prometheus.yml").read_text())["scrape_configs"]
+    ports = {job["job_name"]: [int(t.split(":")[1]) for t in job["static_configs"][0]["targets"]] for job in scrape}
+    m = MetricsConfig()
+    assert ports["empo2_policy_server"] == [m.port("policy_server", 0)]
+    assert ports["empo2_replay_buffer"] == [m.port("replay_buffer")]
+    assert ports["empo2_memory_service"] == [m.port("memory_service")]
+    assert ports["empo2_learner"] == [m.port("learner")]
+    assert ports["empo2_env_actor"] == [m.port("env_actor", 0), m.port("env_actor", 1)]
+
+
+def test_dashboard_is_generated_and_uses_only_exported_metrics():
+    committed = json.loads((DEPLOY / "monitoring" / "grafana-dashboard.json").read_text())
+    assert committed == dashboard(), "run: python deploy/monitoring/make_dashboard.py"
+    exported = _metric_names()
+    for panel in committed["panels"]:
+        for target in panel["targets"]:
+            for name in re.findall(r"\bempo2_[a-z_]+\b", target["expr"]):
+                if name.endswith("_"):  # a regex prefix such as empo2_.*_messages_rejected_total
+                    continue
+                assert name in exported, f"panel {panel['title']!r} uses unknown metric {name}"
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_systemd_units_verify(tmp_path):
+    repo = DEPLOY.parent
+    for unit in (DEPLOY / "systemd").glob("empo2*"):
+        if unit.suffix in (".service", ".target"):
+            text = unit.read_text().replace("/etc/empo2/empo2.env", str(DEPLOY / "systemd" / "empo2.env.example"))
+            (tmp_path / unit.name).write_text(text.replace("/opt/empo2", str(repo)))
+    for template in tmp_path.glob("*@.service"):
+        shutil.copy(template, tmp_path / template.name.replace("@", "@0"))
+    units = [str(p) for p in tmp_path.iterdir() if "@." not in p.name]
+    result = subprocess.run(["systemd-analyze", "verify", *units], capture_output=True, text=True)
+    assert result.returncode == 0 and not result.stderr.strip(), result.stderr
