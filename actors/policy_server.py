@@ -38,6 +38,7 @@ class PolicyServer:
         self.scfg = cfg.policy_server
         self.endpoint = cfg.endpoints.policy_servers[index]
         self.metrics = PolicyServerMetrics()
+        self.metrics.policy_version.set(-1)  # no engine yet
         self.engine = None  # created in run(): the socket answers Ping (ready=False) meanwhile
         self.assembler = WeightAssembler(self.scfg.weight_staging_dir, f"{os.getpid()}-{index}")
         self.tasks: set[asyncio.Task] = set()

@@ -1,8 +1,11 @@
 """Memory store: entries keyed by state embeddings, one memory per key, persisted in SQLite (WAL).
 
 Retrieval (empo2.md): entries whose cosine similarity to the query state exceeds the threshold,
-highest stored episode score first, top k; the count n feeds the intrinsic reward 1/(n+1).
-Every accepted entry is committed to SQLite before add() returns, and the store is rebuilt from
+highest stored episode score first (then most similar), top k; the count n feeds the intrinsic
+reward 1/(n+1). Each memory keeps its vectors in one contiguous [N, D] array (grown by doubling,
+a ring once full), so a query is one matrix-vector product and a vectorised sort.
+
+Every accepted entry is committed to SQLite before add() returns and the store is rebuilt from
 the database at start-up, so a restart loses nothing that was accepted.
 """
 
@@ -25,10 +28,50 @@ class Entry:
 
 @dataclass
 class _Memory:
+    """FIFO-capped entries of one key. Slots 0..size-1 are used; once full, `head` is the oldest."""
+
+    capacity: int
+    vectors: np.ndarray  # float32 [allocated, D], unit rows
+    scores: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # [allocated]
     entries: list[Entry] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)  # SQLite row ids, same order
-    vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))  # [N, D], unit norm
-    seen: set[tuple[str, str]] = field(default_factory=set)  # (tip, state): exact duplicates
+    row_ids: list[int] = field(default_factory=list)  # SQLite ids, same slots
+    seen: set[tuple[str, str]] = field(default_factory=set)  # (tip, state) of stored entries
+    size: int = 0
+    head: int = 0
+
+    def insert(self, entry: Entry, vector: np.ndarray, row_id: int) -> int | None:
+        """Store in the next slot; returns the SQLite id of the entry it evicted, if any."""
+        evicted = None
+        if self.size < self.capacity:
+            slot = self.size
+            if slot == len(self.vectors):  # grow by doubling, up to the capacity
+                grown = min(max(2 * slot, 16), self.capacity)
+                self.vectors = np.resize(self.vectors, (grown, self.vectors.shape[1]))
+                self.scores = np.resize(self.scores, grown)
+            self.entries.append(entry)
+            self.row_ids.append(row_id)
+            self.size += 1
+        else:
+            slot = self.head
+            old = self.entries[slot]
+            self.seen.discard((old.tip, old.state))
+            evicted = self.row_ids[slot]
+            self.entries[slot], self.row_ids[slot] = entry, row_id
+            self.head = (slot + 1) % self.capacity
+        self.vectors[slot] = vector
+        self.scores[slot] = entry.score
+        self.seen.add((entry.tip, entry.state))
+        return evicted
+
+    def search(self, query: np.ndarray, threshold: float, top_k: int) -> list[tuple[Entry, float]]:
+        similarity = self.vectors[: self.size] @ query
+        hits = np.flatnonzero(similarity > threshold)
+        # lexsort's last key is the primary one: score descending, then similarity descending
+        order = hits[np.lexsort((-similarity[hits], -self.scores[hits]))][:top_k]
+        return [(self.entries[i], float(similarity[i])) for i in order]
+
+    def in_insertion_order(self) -> list[int]:
+        return list(range(self.head, self.size)) + list(range(self.head))
 
 
 def memory_key(kind: str, task: str, variation: int) -> str:
@@ -53,9 +96,9 @@ class MemoryStore:
         )
         evicted = []  # rows over a capacity lowered since the last run
         for row_id, key, tip, score, state, blob in self.db.execute("SELECT * FROM entries ORDER BY id").fetchall():
-            evicted += self._insert(key, row_id, Entry(tip, score, state), np.frombuffer(blob, np.float32))
+            evicted.append(self._insert(key, row_id, Entry(tip, score, state), np.frombuffer(blob, np.float32)))
         with self.db:
-            self.db.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in evicted])
+            self.db.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in evicted if i is not None])
 
     def add(self, key: str, entries: list[Entry], vectors: np.ndarray) -> int:
         """Store entries (vectors [N, D] unit norm); returns how many were new."""
@@ -71,40 +114,28 @@ class MemoryStore:
                     (key, entry.tip, entry.score, entry.state, vector.tobytes()),
                 )
                 evicted = self._insert(key, cur.lastrowid, entry, vector)
-                if evicted:
-                    self.db.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in evicted])
+                if evicted is not None:
+                    self.db.execute("DELETE FROM entries WHERE id = ?", (evicted,))
                 added += 1
         return added
 
-    def _insert(self, key: str, row_id: int, entry: Entry, vector: np.ndarray) -> list[int]:
-        memory = self.memories.setdefault(key, _Memory(vectors=np.zeros((0, vector.size), np.float32)))
-        memory.entries.append(entry)
-        memory.ids.append(row_id)
-        memory.seen.add((entry.tip, entry.state))
-        memory.vectors = np.vstack([memory.vectors, vector[None, :]])
-        evicted = []
-        while len(memory.entries) > self.capacity:  # FIFO: the oldest entry goes first
-            old = memory.entries.pop(0)
-            memory.seen.discard((old.tip, old.state))
-            evicted.append(memory.ids.pop(0))
-            memory.vectors = memory.vectors[1:]
-        return evicted
+    def _insert(self, key: str, row_id: int, entry: Entry, vector: np.ndarray) -> int | None:
+        memory = self.memories.get(key)
+        if memory is None:
+            memory = self.memories[key] = _Memory(self.capacity, np.zeros((0, vector.size), np.float32))
+        return memory.insert(entry, vector, row_id)
 
     def retrieve(self, key: str, query: np.ndarray, threshold: float, top_k: int) -> list[tuple[Entry, float]]:
         """(entry, similarity) with similarity > threshold, highest episode score first, top k."""
         with self.lock:
             memory = self.memories.get(key)
-            if memory is None or not memory.entries:
+            if memory is None or memory.size == 0:
                 return []
-            similarity = memory.vectors @ query.astype(np.float32)
-            hits = np.flatnonzero(similarity > threshold)
-            # score descending, then similarity descending for equal scores
-            order = sorted(hits.tolist(), key=lambda i: (-memory.entries[i].score, -similarity[i]))
-            return [(memory.entries[i], float(similarity[i])) for i in order[:top_k]]
+            return memory.search(query.astype(np.float32), threshold, top_k)
 
     def stats(self) -> tuple[int, int]:
         with self.lock:
-            return len(self.memories), sum(len(m.entries) for m in self.memories.values())
+            return len(self.memories), sum(m.size for m in self.memories.values())
 
     def close(self) -> None:
         self.db.close()
