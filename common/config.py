@@ -13,7 +13,7 @@ from actors.config import EnvActorConfig, PolicyServerConfig
 from common.model_prep import EMBEDDED_MODEL
 from deploy.config import LaunchConfig
 from learner.config import LearnerConfig, ReplayBufferConfig
-from memory_service.config import MemoryServiceConfig
+from memory_service.config import MemoryServiceConfig, TestTimeAdaptationConfig
 
 
 @dataclass
@@ -58,6 +58,7 @@ class PipelineConfig:
     memory_service: MemoryServiceConfig = field(default_factory=MemoryServiceConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    tta: TestTimeAdaptationConfig = field(default_factory=TestTimeAdaptationConfig)
 
     def run_path(self, *parts: str) -> Path:
         path = Path(self.run_dir).joinpath(*parts)

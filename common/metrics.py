@@ -87,6 +87,9 @@ class MemoryServiceMetrics(RoleMetrics):
         self.reflections = self._counter("reflections", "Reflections written by the policy")
         self.reflection_seconds = self._histogram("reflection_seconds", "Reflection latency", _SECONDS)
         self.reflection_queue = self._gauge("reflection_queue_depth", "Episodes waiting for reflection")
+        self.reflection_batch = self._histogram("reflection_batch_size", "Episodes reflected on together", (1, 2, 4, 8, 16, 32))
+        self.embedding_batch = self._histogram("embedding_batch_size", "Texts embedded per call", (1, 2, 4, 8, 16, 32, 64, 128, 256))
+        self.memory_entries = Gauge("empo2_memory_service_memory_entries", "Entries per memory", ["memory"], registry=self.registry)
 
 
 class LearnerMetrics(RoleMetrics):

@@ -48,15 +48,16 @@ def role_commands(cfg: PipelineConfig) -> list[tuple[str, list[str]]]:
 
 
 class Launcher:
-    def __init__(self, cfg: PipelineConfig, overrides: list[str]):
+    def __init__(self, cfg: PipelineConfig, overrides: list[str], roles: list[tuple[str, list[str]]] | None = None):
         self.cfg, self.overrides = cfg, overrides
+        self.roles = role_commands(cfg) if roles is None else roles  # a subset for other tools (TTA)
         self.children: list[Child] = []
         self.log_dir = Path(cfg.run_dir) / "logs"
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-        for name, (module, *role_args) in role_commands(self.cfg):
+        for name, (module, *role_args) in self.roles:
             log_path = self.log_dir / f"{name}.log"
             argv = [sys.executable, "-m", module, *self.overrides, *role_args]
             with open(log_path, "ab") as log_file:

@@ -8,6 +8,13 @@ only, r_int_{i,t} = coef / (n_{i,t} + 1) with n_{i,t} the memories retrieved for
 (task, variation)) over all of its turns:
     A_{i,t} = (r_{i,t} − mean_group r) / (std_group r + eps)
 No value network.
+
+GiGPO (Feng et al. 2025, arXiv 2505.10978) adds a step-level advantage: steps whose state
+(observation text) is identical across the group's episodes form an anchor group; their
+discounted returns G_{i,t} = Σ_k γ^{k−t} r'_{i,k} (r' = score_scale · score_i at the last step,
+plus r_int each step) are normalised within it, and
+    A_{i,t} = A^{episode}_{i,t} + w · A^{step}_{i,t}
+with std normalisation or mean-only ("mean"); a state seen once has A^{step} = 0.
 """
 
 from __future__ import annotations
@@ -32,3 +39,35 @@ def group_advantages(rewards: list[np.ndarray], eps: float = 1e-6) -> list[np.nd
     pooled = np.concatenate(rewards)
     mean, std = pooled.mean(), pooled.std()
     return [(r - mean) / (std + eps) for r in rewards]
+
+
+def discounted_returns(traj: Trajectory, score_scale: float, intrinsic_coef: float, gamma: float) -> np.ndarray:
+    """[turns] G_t with the episode score paid at the last step and r_int at every step."""
+    rewards = turn_rewards(traj, 0.0, intrinsic_coef)  # intrinsic part only
+    rewards[-1] += traj.score * score_scale
+    returns = np.zeros_like(rewards)
+    running = 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        running = rewards[t] + gamma * running
+        returns[t] = running
+    return returns
+
+
+def anchor_step_advantages(members: list[Trajectory], returns: list[np.ndarray], norm: str, eps: float) -> list[np.ndarray]:
+    """GiGPO's step advantage: normalise returns within groups of identical states."""
+    if norm not in ("std", "mean"):
+        raise ValueError(f"learner.gigpo_step_norm must be std|mean, got {norm!r}")
+    anchors: dict[str, list[tuple[int, int]]] = {}
+    for i, traj in enumerate(members):
+        for t, state in enumerate(traj.observations):
+            anchors.setdefault(state, []).append((i, t))
+    advantages = [np.zeros_like(r) for r in returns]
+    for positions in anchors.values():
+        if len(positions) < 2:
+            continue
+        values = np.array([returns[i][t] for i, t in positions])
+        centred = values - values.mean()
+        scaled = centred / (values.std() + eps) if norm == "std" else centred
+        for (i, t), a in zip(positions, scaled):
+            advantages[i][t] = a
+    return advantages

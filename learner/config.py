@@ -33,6 +33,10 @@ class LearnerConfig:
     intrinsic_coef: float = 1.0  # r_int = coef / (n + 1) in tip modes
     score_scale: float = 0.01  # ScienceWorld scores (0..100) are scaled to 0..1 before adding r_int
     adv_eps: float = 1e-6
+    advantage: str = "grpo"  # "grpo" (episode level) | "gigpo" (episode + anchor-state step level)
+    gigpo_gamma: float = 0.95  # discount of the step-level returns
+    gigpo_step_weight: float = 1.0  # w in A = A_episode + w * A_step
+    gigpo_step_norm: str = "std"  # "std" | "mean" (mean-only) normalisation within an anchor group
     checkpoint_every: int = 0  # 0 = only at the end
     weight_chunk_bytes: int = 64 << 20  # weight push message size
     push_timeout_s: float = 300.0

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from learner.advantages import TIP_MODES, group_advantages, turn_rewards
+from learner.advantages import TIP_MODES, anchor_step_advantages, discounted_returns, group_advantages, turn_rewards
 from protocol.messages import OFF_POLICY, Trajectory
 
 
@@ -40,14 +40,34 @@ def remove_spans(prompt: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray
     return prompt[keep]
 
 
-def build_samples(trajectories: list[Trajectory], score_scale: float, intrinsic_coef: float, eps: float) -> list[TurnSample]:
+@dataclass
+class GiGPO:
+    """Step-level anchor-state advantage on top of GRPO's (learner/advantages.py)."""
+
+    gamma: float = 0.95
+    step_weight: float = 1.0
+    norm: str = "std"
+
+
+def group_turn_advantages(members: list[Trajectory], score_scale: float, intrinsic_coef: float, eps: float,
+                          gigpo: GiGPO | None = None) -> list[np.ndarray]:
+    rewards = [turn_rewards(t, score_scale, intrinsic_coef) for t in members]
+    advantages = group_advantages(rewards, eps)
+    if gigpo is None:
+        return advantages
+    returns = [discounted_returns(t, score_scale, intrinsic_coef, gigpo.gamma) for t in members]
+    steps = anchor_step_advantages(members, returns, gigpo.norm, eps)
+    return [a + gigpo.step_weight * s for a, s in zip(advantages, steps)]
+
+
+def build_samples(trajectories: list[Trajectory], score_scale: float, intrinsic_coef: float, eps: float,
+                  gigpo: GiGPO | None = None) -> list[TurnSample]:
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     for traj in trajectories:
         groups[traj.group_id].append(traj)
     samples = []
     for members in groups.values():
-        rewards = [turn_rewards(t, score_scale, intrinsic_coef) for t in members]
-        for traj, advantages in zip(members, group_advantages(rewards, eps)):
+        for traj, advantages in zip(members, group_turn_advantages(members, score_scale, intrinsic_coef, eps, gigpo)):
             for i in range(traj.num_turns):
                 prompt, spans = traj.turn_prompt(i), traj.turn_tip_spans(i)
                 tipfree = remove_spans(prompt, spans)

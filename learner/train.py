@@ -29,7 +29,7 @@ from common.process import exit_on_sigterm
 from learner.config import LearnerConfig
 from learner.loss import ClipConfig, clipped_policy_loss, low_probability_mask
 from learner.policy_model import load_policy, response_logprobs
-from learner.samples import TurnSample, build_samples
+from learner.samples import GiGPO, TurnSample, build_samples
 from learner.weight_push import build_chunks, push_weights, weight_tensors
 from protocol import Client
 from protocol.messages import ON_POLICY_TIPS, Batch, BatchRequest, Trajectory, Wait
@@ -118,6 +118,10 @@ class Learner:
         ctx = zmq.Context.instance()
         self.buffer = Client(ctx, cfg.endpoints.replay_buffer, timeout_s=60.0)
         self.policies = [Client(ctx, ep, timeout_s=self.lcfg.push_timeout_s) for ep in cfg.endpoints.policy_servers]
+        if self.lcfg.advantage not in ("grpo", "gigpo"):
+            raise ValueError(f"learner.advantage must be grpo|gigpo, got {self.lcfg.advantage!r}")
+        lc = self.lcfg
+        self.gigpo = GiGPO(lc.gigpo_gamma, lc.gigpo_step_weight, lc.gigpo_step_norm) if lc.advantage == "gigpo" else None
         self.version = 0  # the policy version the current weights are; +1 per optimizer step
         self.history: list[dict] = []
 
@@ -129,7 +133,7 @@ class Learner:
         while self.version < self.lcfg.total_steps:
             batch = self.next_batch()
             t0 = time.perf_counter()
-            samples = build_samples(batch.trajectories, self.lcfg.score_scale, self.lcfg.intrinsic_coef, self.lcfg.adv_eps)
+            samples = build_samples(batch.trajectories, self.lcfg.score_scale, self.lcfg.intrinsic_coef, self.lcfg.adv_eps, self.gigpo)
             stats = train_step(self.model, self.optimizer, samples, self.lcfg, self.version)
             self.version += 1
             step_s = time.perf_counter() - t0

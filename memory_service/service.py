@@ -97,7 +97,7 @@ class MemoryService:
 
     def retrieve(self, query: MemoryQuery) -> MemoryResult:
         key = memory_key(self.mcfg.key, query.task, query.variation)
-        vector = self.embedder.embed([query.state])[0]
+        vector = self.embed([query.state])[0]
         hits = self.store.retrieve(key, vector, self.mcfg.similarity_threshold, self.mcfg.top_k)
         self.metrics.retrievals.inc()
         self.metrics.hits.observe(len(hits))
@@ -105,43 +105,65 @@ class MemoryService:
 
     # ------------------------------------------------------------ reflection (worker thread)
     def _reflection_worker(self) -> None:
+        """Drain up to reflection_batch_size reports, ask the policy for all reflections at once
+        (one in-flight request per client, spread over the servers), embed every state of the
+        batch in one call, store. One failed reflection loses that episode's tips, nothing else."""
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.cfg.model.name, self.cfg.model.cache_dir or None))
-        ctx = zmq.Context.instance()
-        policies = itertools.cycle(
-            [Client(ctx, ep, self.mcfg.reflection_timeout_s) for ep in self.cfg.endpoints.policy_servers]
-        )
+        ctx, servers = zmq.Context.instance(), self.cfg.endpoints.policy_servers
+        clients = [Client(ctx, servers[i % len(servers)], self.mcfg.reflection_timeout_s) for i in range(self.mcfg.reflection_batch_size)]
         request_ids = itertools.count()
         while True:
-            report = self.reports.get()
+            reports = [self.reports.get()]
+            while len(reports) < len(clients) and not self.reports.empty():
+                reports.append(self.reports.get_nowait())
             self.metrics.reflection_queue.set(self.reports.qsize())
+            self.metrics.reflection_batch.observe(len(reports))
             t0 = time.perf_counter()
-            try:
+            for client, report in zip(clients, reports):
                 text = tokenizer.apply_chat_template(reflection_messages(report), tokenize=False, add_generation_prompt=True)
-                prompt = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
-                response = next(policies).call(GenerateRequest(
-                    request_id=f"reflect-{next(request_ids)}", prompt_token_ids=prompt,
-                    max_tokens=self.mcfg.reflection_max_tokens, temperature=self.mcfg.reflection_temperature,
-                    seed=next(request_ids),
+                rid = next(request_ids)
+                client.send(GenerateRequest(
+                    request_id=f"reflect-{rid}", prompt_token_ids=np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32),
+                    max_tokens=self.mcfg.reflection_max_tokens, temperature=self.mcfg.reflection_temperature, seed=rid,
                 ))
+            reflected = []
+            for client, report in zip(clients, reports):
+                try:
+                    response = client.recv()
+                except Exception:
+                    self.metrics.errors.labels("reflection").inc()
+                    log.exception("reflection for episode %s failed", report.episode_id)
+                    continue
                 self.metrics.policy_version.set(response.policy_version)
-                self.store_reflection(report, response.text)
-            except Exception:  # a failed reflection loses one episode's tips, never the service
-                self.metrics.errors.labels("reflection").inc()
-                log.exception("reflection for episode %s failed", report.episode_id)
-                continue
-            self.metrics.reflection_seconds.observe(time.perf_counter() - t0)
+                reflected.append((report, response.text))
+            if reflected:
+                self.store_reflections(reflected)
+            for _ in reflected:
+                self.metrics.reflection_seconds.observe(time.perf_counter() - t0)
 
-    def store_reflection(self, report: EpisodeReport, reflection: str) -> int:
-        reflection = " ".join(reflection.split()) or "No reflection was produced."
-        entries = [Entry(tip_text(reflection, a, report.score), report.score, s) for a, s in zip(report.actions, report.observations)]
-        added = self.store.add(memory_key(self.mcfg.key, report.task, report.variation), entries, self.embedder.embed(report.observations))
+    def embed(self, texts: list[str]) -> np.ndarray:
+        self.metrics.embedding_batch.observe(len(texts))
+        return self.embedder.embed(texts)
+
+    def store_reflections(self, reflected: list[tuple[EpisodeReport, str]]) -> int:
+        """One entry per step of each episode: tip (reflection + action + score), keyed by the state."""
+        vectors = self.embed([obs for report, _ in reflected for obs in report.observations])
+        added, offset = 0, 0
+        for report, reflection in reflected:
+            reflection = " ".join(reflection.split()) or "No reflection was produced."
+            n = len(report.observations)
+            entries = [Entry(tip_text(reflection, a, report.score), report.score, s) for a, s in zip(report.actions, report.observations)]
+            key = memory_key(self.mcfg.key, report.task, report.variation)
+            added += self.store.add(key, entries, vectors[offset : offset + n])
+            offset += n
+            self.metrics.memory_entries.labels(key).set(self.store.size(key))
+            log.info("episode %s: reflection stored (%d steps): %r", report.episode_id[:8], n, reflection[:120])
         memories, total = self.store.stats()
-        self.metrics.reflections.inc()
+        self.metrics.reflections.inc(len(reflected))
         self.metrics.memories.set(memories)
         self.metrics.entries.set(total)
-        log.info("episode %s: reflection stored as %d new entries (%d total): %r", report.episode_id[:8], added, total, reflection[:120])
         return added
 
 

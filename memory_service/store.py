@@ -70,9 +70,6 @@ class _Memory:
         order = hits[np.lexsort((-similarity[hits], -self.scores[hits]))][:top_k]
         return [(self.entries[i], float(similarity[i])) for i in order]
 
-    def in_insertion_order(self) -> list[int]:
-        return list(range(self.head, self.size)) + list(range(self.head))
-
 
 def memory_key(kind: str, task: str, variation: int) -> str:
     if kind == "task_variation":
@@ -132,6 +129,18 @@ class MemoryStore:
             if memory is None or memory.size == 0:
                 return []
             return memory.search(query.astype(np.float32), threshold, top_k)
+
+    def export_rows(self):
+        """(key, Entry, vector) of every stored entry, oldest first (the SQLite rows)."""
+        with self.lock:
+            rows = self.db.execute("SELECT key, tip, score, state, vector FROM entries ORDER BY id").fetchall()
+        for key, tip, score, state, blob in rows:
+            yield key, Entry(tip, score, state), np.frombuffer(blob, np.float32)
+
+    def size(self, key: str) -> int:
+        with self.lock:
+            memory = self.memories.get(key)
+            return memory.size if memory else 0
 
     def stats(self) -> tuple[int, int]:
         with self.lock:

@@ -1,0 +1,59 @@
+"""GiGPO: discounted returns, anchor-state grouping and the combined advantage, by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from learner.advantages import anchor_step_advantages, discounted_returns
+from learner.samples import GiGPO, group_turn_advantages
+from protocol.messages import ON_POLICY, ON_POLICY_TIPS, Trajectory
+
+
+def _traj(observations, score, mode=ON_POLICY, num_memories=None) -> Trajectory:
+    n = len(observations)
+    return Trajectory(
+        episode_id=f"e{score}{n}", group_id="g", slot=0, actor_id="a", task="t", variation=0, mode=mode, score=score, done=True,
+        prompt_token_ids=np.arange(2 * n, dtype=np.int32), prompt_offsets=np.arange(0, 2 * n + 1, 2, dtype=np.int64),
+        response_token_ids=np.arange(n, dtype=np.int32), response_offsets=np.arange(n + 1, dtype=np.int64),
+        behaviour_logprobs=np.zeros(n, np.float32), tip_spans=np.zeros((0, 3), np.int32),
+        policy_versions=np.zeros(n, np.int32), num_memories=np.asarray(num_memories or [0] * n, np.int32),
+        observations=list(observations), actions=["look around"] * n,
+    )
+
+
+A = _traj(["s0", "s1"], 100.0)  # succeeds
+B = _traj(["s0", "s2", "s3"], 0.0)  # fails; shares only the first state with A
+
+
+def test_discounted_returns_pay_the_score_at_the_last_step():
+    np.testing.assert_allclose(discounted_returns(A, 0.01, 1.0, 0.95), [0.95, 1.0])  # 1.0 at t=1, 0.95*1 at t=0
+    np.testing.assert_allclose(discounted_returns(B, 0.01, 1.0, 0.95), [0.0, 0.0, 0.0])
+
+
+def test_discounted_returns_add_intrinsic_reward_each_step_in_tip_modes():
+    t = _traj(["x", "y"], 0.0, mode=ON_POLICY_TIPS, num_memories=[0, 1])  # r_int = [1, 0.5]
+    np.testing.assert_allclose(discounted_returns(t, 0.01, 1.0, 0.5), [1 + 0.5 * 0.5, 0.5])
+
+
+def test_anchor_groups_normalise_identical_states_only():
+    returns = [np.array([0.95, 1.0]), np.zeros(3)]
+    std = anchor_step_advantages([A, B], returns, "std", 1e-9)
+    # anchor "s0": values [0.95, 0] -> mean 0.475, std 0.475 -> +1, -1; every other state is alone -> 0
+    np.testing.assert_allclose(std[0], [1.0, 0.0], atol=1e-6)
+    np.testing.assert_allclose(std[1], [-1.0, 0.0, 0.0], atol=1e-6)
+    mean_only = anchor_step_advantages([A, B], returns, "mean", 1e-9)
+    np.testing.assert_allclose(mean_only[0], [0.475, 0.0])
+    np.testing.assert_allclose(mean_only[1], [-0.475, 0.0, 0.0])
+    with pytest.raises(ValueError):
+        anchor_step_advantages([A, B], returns, "median", 1e-9)
+
+
+def test_gigpo_adds_the_weighted_step_advantage_to_grpo():
+    grpo = group_turn_advantages([A, B], 0.01, 1.0, 1e-9)
+    # turn rewards A: [1, 1], B: [0, 0, 0] -> pooled mean 0.4, std sqrt(0.24) = 0.489898
+    np.testing.assert_allclose(grpo[0], [1.224745, 1.224745], atol=1e-5)
+    np.testing.assert_allclose(grpo[1], [-0.816497] * 3, atol=1e-5)
+    gigpo = group_turn_advantages([A, B], 0.01, 1.0, 1e-9, GiGPO(gamma=0.95, step_weight=0.5, norm="std"))
+    np.testing.assert_allclose(gigpo[0], [1.224745 + 0.5, 1.224745], atol=1e-5)
+    np.testing.assert_allclose(gigpo[1], [-0.816497 - 0.5, -0.816497, -0.816497], atol=1e-5)
