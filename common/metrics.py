@@ -109,6 +109,8 @@ class LearnerMetrics(RoleMetrics):
                 "clip_fraction": "Fraction of tokens clipped",
                 "dual_clip_fraction": "Fraction of tokens hit by the dual clip",
                 "masked_fraction": "Fraction of samples dropped by the low-probability mask",
+                "behaviour_weight_mean": "Decoupled PPO: mean proximal/behaviour weight",
+                "behaviour_weight_capped_fraction": "Decoupled PPO: fraction of tokens over the weight cap",
                 "advantage_abs_mean": "Mean |advantage|",
                 "logprob_mismatch_mean_nats": "Mean |vLLM - learner| log-prob on same-version on-policy tokens",
                 "logprob_mismatch_max_nats": "Max |vLLM - learner| log-prob on same-version on-policy tokens",

@@ -29,6 +29,8 @@ class LearnerConfig:
     clip_low: float = 0.2  # ratio clipped to [1 - clip_low, 1 + clip_high]
     clip_high: float = 0.3
     dual_clip: float = 10.0  # for negative advantages the loss is bounded by dual_clip * |A|
+    ratio: str = "plain"  # "plain": r = πθ/πbehaviour (paper) | "decoupled": decoupled PPO for stale samples
+    behaviour_weight_cap: float = 5.0  # decoupled: tokens with πprox/πbehaviour above this are dropped
     low_prob_threshold: float = -5.0  # drop a tip-rollout turn whose min tip-free log-prob is below
     intrinsic_coef: float = 1.0  # r_int = coef / (n + 1) in tip modes
     score_scale: float = 0.01  # ScienceWorld scores (0..100) are scaled to 0..1 before adding r_int

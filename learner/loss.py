@@ -18,6 +18,14 @@ Aggregated as a token mean over every unmasked response token of the batch.
 
 Low-probability mask: a turn sample rolled out with tips is dropped whole when the minimum
 log-prob of its response under the tip-free prompt is below τ = −5 (paper Figure 6).
+
+Staleness (the pipeline is asynchronous, so πθold may be k versions old): with
+`proximal_logp` given, the decoupled PPO objective (AReaL, arXiv 2505.24298) replaces r_t by
+    r_t = πθ(a_t|·) / πprox(a_t|·)        clipped as above
+    L_t ← w_t · L_t,   w_t = πprox(a_t|·) / πθold(a_t|·)   (behaviour weight, no gradient)
+where πprox is the learner's policy just before the update, and tokens with w_t above the cap
+are dropped, so a stale or tip-shifted behaviour policy corrects the gradient without feeding an
+unbounded ratio into the clip.
 """
 
 from __future__ import annotations
@@ -39,16 +47,26 @@ def clipped_policy_loss(
     behaviour_logp: torch.Tensor,  # [N] log πθold from the policy server
     advantages: torch.Tensor,  # [N] the turn's advantage, repeated over its tokens
     clip: ClipConfig,
+    proximal_logp: torch.Tensor | None = None,  # [N] log πprox (no grad): decoupled PPO if given
+    behaviour_weight_cap: float = 5.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token loss L_t [N] and per-token diagnostics (all detached but the loss)."""
-    logratio = logp - behaviour_logp
+    anchor_logp = behaviour_logp if proximal_logp is None else proximal_logp
+    logratio = logp - anchor_logp
     ratio = torch.exp(logratio)
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip.clip_low, 1.0 + clip.clip_high)
     pg_loss_clipped = torch.maximum(pg_loss1, pg_loss2)
     pg_loss3 = -advantages * clip.dual_clip
     pg_loss = torch.where(advantages < 0, torch.minimum(pg_loss_clipped, pg_loss3), pg_loss_clipped)
+    behaviour_weight = torch.ones_like(ratio)
+    if proximal_logp is not None:
+        behaviour_weight = torch.exp(proximal_logp - behaviour_logp).detach()
+        behaviour_weight = torch.where(behaviour_weight <= behaviour_weight_cap, behaviour_weight, torch.zeros_like(behaviour_weight))
+        pg_loss = pg_loss * behaviour_weight
     diagnostics = {
+        "behaviour_weight": behaviour_weight,
+        "behaviour_weight_capped": (behaviour_weight == 0).detach(),
         "ratio": ratio.detach(),
         "clipped": (pg_loss2 > pg_loss1).detach(),
         "dual_clipped": ((advantages < 0) & (pg_loss3 < pg_loss_clipped)).detach(),

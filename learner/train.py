@@ -12,6 +12,7 @@ Run: `empo2-learner [key=value ...]`.
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 import logging
 import sys
 import time
@@ -49,6 +50,8 @@ class StepStats:
     clip_fraction: float
     dual_clip_fraction: float
     approx_kl: float
+    behaviour_weight_mean: float  # decoupled PPO: mean πprox/πbehaviour over kept tokens (1 when plain)
+    behaviour_weight_capped_fraction: float  # decoupled PPO: tokens dropped over the cap
     advantage_abs_mean: float
     logprob_mismatch_mean_nats: float  # |vLLM - learner| on same-version, same-prompt tokens
     logprob_mismatch_max_nats: float
@@ -66,7 +69,8 @@ def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, 
     model.train()
     optimizer.zero_grad(set_to_none=True)
     loss_sum, kept_tokens, masked = 0.0, 0, 0
-    ratios, clipped, dual, kls, mismatch = [], [], [], [], []
+    diags: dict[str, list[torch.Tensor]] = defaultdict(list)
+    mismatch: list[torch.Tensor] = []
     for s in samples:
         response = torch.from_numpy(s.response.astype(np.int64))
         logp = response_logprobs(model, torch.from_numpy(s.update_prompt.astype(np.int64)), response)
@@ -82,24 +86,32 @@ def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, 
             masked += 1
             continue
         advantages = torch.full_like(logp, s.advantage)
-        pg_loss, diag = clipped_policy_loss(logp, behaviour, advantages, clip)
+        # one optimizer step per batch: the proximal policy is the current weights, detached
+        proximal = logp.detach() if cfg.ratio == "decoupled" else None
+        pg_loss, diag = clipped_policy_loss(logp, behaviour, advantages, clip, proximal, cfg.behaviour_weight_cap)
         pg_loss.sum().backward()
         loss_sum += float(pg_loss.detach().sum())
         kept_tokens += logp.numel()
-        ratios.append(diag["ratio"]), clipped.append(diag["clipped"]), dual.append(diag["dual_clipped"]), kls.append(diag["approx_kl"])
+        for name, value in diag.items():
+            diags[name].append(value.float())
     if kept_tokens:
         for p in model.parameters():
             if p.grad is not None:
                 p.grad.div_(kept_tokens)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
         optimizer.step()
-    cat = lambda xs: torch.cat(xs) if xs else torch.zeros(1)  # noqa: E731
-    ratio, mism = cat(ratios), cat(mismatch)
+    def cat(xs: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(xs) if xs else torch.zeros(1)
+
+    ratio, mism = cat(diags["ratio"]), cat(mismatch)
     return StepStats(
         loss=loss_sum / max(kept_tokens, 1), samples=len(samples), samples_masked=masked, tokens=kept_tokens,
         ratio_mean=float(ratio.mean()), ratio_max=float(ratio.max()),
-        clip_fraction=float(cat(clipped).float().mean()), dual_clip_fraction=float(cat(dual).float().mean()),
-        approx_kl=float(cat(kls).mean()), advantage_abs_mean=float(np.mean([abs(s.advantage) for s in samples])) if samples else 0.0,
+        clip_fraction=float(cat(diags["clipped"]).mean()), dual_clip_fraction=float(cat(diags["dual_clipped"]).mean()),
+        approx_kl=float(cat(diags["approx_kl"]).mean()),
+        behaviour_weight_mean=float(cat(diags["behaviour_weight"]).mean()),
+        behaviour_weight_capped_fraction=float(cat(diags["behaviour_weight_capped"]).mean()),
+        advantage_abs_mean=float(np.mean([abs(s.advantage) for s in samples])) if samples else 0.0,
         logprob_mismatch_mean_nats=float(mism.mean()), logprob_mismatch_max_nats=float(mism.max()),
         mismatch_tokens=sum(m.numel() for m in mismatch),
     )
@@ -118,6 +130,8 @@ class Learner:
         ctx = zmq.Context.instance()
         self.buffer = Client(ctx, cfg.endpoints.replay_buffer, timeout_s=60.0)
         self.policies = [Client(ctx, ep, timeout_s=self.lcfg.push_timeout_s) for ep in cfg.endpoints.policy_servers]
+        if self.lcfg.ratio not in ("plain", "decoupled"):
+            raise ValueError(f"learner.ratio must be plain|decoupled, got {self.lcfg.ratio!r}")
         if self.lcfg.advantage not in ("grpo", "gigpo"):
             raise ValueError(f"learner.advantage must be grpo|gigpo, got {self.lcfg.advantage!r}")
         lc = self.lcfg
