@@ -47,7 +47,7 @@ class MetricsConfig:
 
 @dataclass
 class PipelineConfig:
-    run_dir: str = "runs/default"  # logs, checkpoints, buffer log and memory store of this run
+    run_dir: str = "runs/default"  # logs, checkpoints, buffer log and memory store of this run (conf: one per run)
     seed: int = 0
     model: ModelConfig = field(default_factory=ModelConfig)
     endpoints: EndpointsConfig = field(default_factory=EndpointsConfig)

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     print(f"[launch] run dir {cfg.run_dir}; preparing model {cfg.model.name}", flush=True)
     print(f"[launch] model at {resolve_model(cfg.model.name, cfg.model.cache_dir or None)}", flush=True)
-    launcher = Launcher(cfg, argv)
+    launcher = Launcher(cfg, [*argv, f"run_dir={cfg.run_dir}"])  # children share one (resolved) run dir
     outcome = "failed: interrupted"
     try:
         launcher.start()

@@ -40,6 +40,8 @@ class LearnerConfig:
     gigpo_step_weight: float = 1.0  # w in A = A_episode + w * A_step
     gigpo_step_norm: str = "std"  # "std" | "mean" (mean-only) normalisation within an anchor group
     checkpoint_every: int = 0  # 0 = only at the end
+    keep_checkpoints: int = 3  # retention: the newest N complete checkpoints are kept
+    resume: bool = True  # start from the newest checkpoint in run_dir/checkpoints, if any
     weight_chunk_bytes: int = 64 << 20  # weight push message size
     push_timeout_s: float = 300.0
     batch_poll_s: float = 2.0  # wait between batch requests while groups are incomplete

@@ -17,6 +17,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from common.logs import setup_logging
 from common.metrics import LearnerMetrics
 from common.model_prep import resolve_model
 from common.process import exit_on_sigterm
+from learner.checkpoint import list_checkpoints, load_trainer_state, save_checkpoint
 from learner.config import LearnerConfig
 from learner.loss import ClipConfig, clipped_policy_loss, low_probability_mask
 from learner.policy_model import load_policy, response_logprobs
@@ -124,9 +126,14 @@ class Learner:
         if self.lcfg.torch_threads:
             torch.set_num_threads(self.lcfg.torch_threads)
         torch.manual_seed(cfg.seed)
-        self.model_path = resolve_model(cfg.model.name, cfg.model.cache_dir or None)
+        self.checkpoints = Path(cfg.run_dir) / "checkpoints"
+        resume_from = list_checkpoints(self.checkpoints)[-1:] if self.lcfg.resume else []
+        self.model_path = str(resume_from[0]) if resume_from else resolve_model(cfg.model.name, cfg.model.cache_dir or None)
         self.model, self.tokenizer = load_policy(self.model_path)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lcfg.lr, weight_decay=self.lcfg.weight_decay)
+        self.version = load_trainer_state(resume_from[0], self.optimizer) if resume_from else 0  # +1 per step
+        if resume_from:
+            log.info("resumed from %s at policy version %d", resume_from[0], self.version)
         ctx = zmq.Context.instance()
         self.buffer = Client(ctx, cfg.endpoints.replay_buffer, timeout_s=60.0)
         self.policies = [Client(ctx, ep, timeout_s=self.lcfg.push_timeout_s) for ep in cfg.endpoints.policy_servers]
@@ -136,14 +143,15 @@ class Learner:
             raise ValueError(f"learner.advantage must be grpo|gigpo, got {self.lcfg.advantage!r}")
         lc = self.lcfg
         self.gigpo = GiGPO(lc.gigpo_gamma, lc.gigpo_step_weight, lc.gigpo_step_norm) if lc.advantage == "gigpo" else None
-        self.version = 0  # the policy version the current weights are; +1 per optimizer step
         self.history: list[dict] = []
 
     def run(self) -> dict:
         for client in [self.buffer, *self.policies]:
             wait_until_ready(client, "learner", self.cfg.env_actor.startup_timeout_s,
                              on_wait=lambda left, ep=client.endpoint: log.info("waiting for %s (%.0fs left)", ep, left))
-        log.info("learner ready at policy version %d; training %d steps", self.version, self.lcfg.total_steps)
+        if self.version > 0:  # resumed: the servers start from the base model, give them ours
+            self.push()
+        log.info("learner ready at policy version %d; training up to step %d", self.version, self.lcfg.total_steps)
         while self.version < self.lcfg.total_steps:
             batch = self.next_batch()
             t0 = time.perf_counter()
@@ -151,11 +159,15 @@ class Learner:
             stats = train_step(self.model, self.optimizer, samples, self.lcfg, self.version)
             self.version += 1
             step_s = time.perf_counter() - t0
-            push_s = push_weights(self.policies, build_chunks(weight_tensors(self.model), self.version, self.lcfg.weight_chunk_bytes), self.lcfg.push_timeout_s)
+            push_s = self.push()
             if self.lcfg.checkpoint_every and self.version % self.lcfg.checkpoint_every == 0:
                 self.save_checkpoint()
             self.publish(batch.trajectories, stats, step_s, push_s)
         return self.finish()
+
+    def push(self) -> float:
+        chunks = build_chunks(weight_tensors(self.model), self.version, self.lcfg.weight_chunk_bytes)
+        return push_weights(self.policies, chunks, self.lcfg.push_timeout_s)
 
     def next_batch(self) -> Batch:
         request = BatchRequest(learner_version=self.version, num_groups=self.lcfg.groups_per_step, max_staleness=self.lcfg.max_staleness)
@@ -193,12 +205,8 @@ class Learner:
                  stats.clip_fraction, stats.logprob_mismatch_mean_nats, stats.logprob_mismatch_max_nats, step_s, push_s)
 
     def save_checkpoint(self) -> str:
-        path = self.cfg.run_path("checkpoints", f"step_{self.version:06d}")
-        self.model.save_pretrained(path, safe_serialization=True)
-        self.tokenizer.save_pretrained(path)
-        torch.save({"step": self.version, "optimizer": self.optimizer.state_dict()}, path / "trainer_state.pt")
-        log.info("checkpoint saved: %s", path)
-        return str(path)
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        return str(save_checkpoint(self.checkpoints, self.version, self.model, self.tokenizer, self.optimizer, self.lcfg.keep_checkpoints))
 
     def finish(self) -> dict:
         summary = {"steps": self.version, "policy_version": self.version, "final_checkpoint": self.save_checkpoint(), "history": self.history}

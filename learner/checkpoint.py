@@ -1,0 +1,59 @@
+"""Learner checkpoints: an HF directory (loadable by vLLM and transformers) plus the trainer state
+(optimizer, policy version, RNG), written atomically, with a retention policy, and resumed so
+that the next step is exactly the step an uninterrupted run would have taken.
+
+    <run_dir>/checkpoints/step_000042/{model.safetensors, config.json, tokenizer*, trainer_state.pt}
+
+The replay buffer's position needs no saving here: the buffer's own log records which groups
+were served (learner/replay_buffer.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+_STATE = "trainer_state.pt"
+
+
+def save_checkpoint(root: Path, version: int, model, tokenizer, optimizer, keep_last: int) -> Path:
+    path = root / f"step_{version:06d}"
+    tmp = root / f".tmp_step_{version:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    torch.save({
+        "version": version,
+        "optimizer": optimizer.state_dict(),
+        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+    }, tmp / _STATE)
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)  # a checkpoint directory is complete or absent
+    for old in list_checkpoints(root)[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old)
+    log.info("checkpoint saved: %s", path)
+    return path
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    if not root.exists():
+        return []
+    return sorted(p for p in root.glob("step_*") if (p / _STATE).exists())
+
+
+def load_trainer_state(path: Path, optimizer) -> int:
+    """Restore optimizer and RNG from a checkpoint (the model is loaded from `path` itself);
+    returns the policy version the checkpoint's weights are."""
+    state = torch.load(path / _STATE, weights_only=False)  # our own file, written by save_checkpoint
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"]["torch"])
+    np.random.set_state(state["rng"]["numpy"])
+    random.setstate(state["rng"]["python"])
+    return int(state["version"])
