@@ -110,6 +110,8 @@ class LearnerMetrics(RoleMetrics):
                 "dual_clip_fraction": "Fraction of tokens hit by the dual clip",
                 "masked_fraction": "Fraction of samples dropped by the low-probability mask",
                 "behaviour_weight_mean": "Decoupled PPO: mean proximal/behaviour weight",
+                "entropy_mean": "Mean policy entropy at response positions (if entropy_coef)",
+                "kl_mean": "Mean k3 KL to the initial policy (if kl_coef)",
                 "behaviour_weight_capped_fraction": "Decoupled PPO: fraction of tokens over the weight cap",
                 "advantage_abs_mean": "Mean |advantage|",
                 "logprob_mismatch_mean_nats": "Mean |vLLM - learner| log-prob on same-version on-policy tokens",

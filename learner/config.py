@@ -31,6 +31,9 @@ class LearnerConfig:
     dual_clip: float = 10.0  # for negative advantages the loss is bounded by dual_clip * |A|
     ratio: str = "plain"  # "plain": r = πθ/πbehaviour (paper) | "decoupled": decoupled PPO for stale samples
     behaviour_weight_cap: float = 5.0  # decoupled: tokens with πprox/πbehaviour above this are dropped
+    entropy_coef: float = 0.0  # β_H: entropy bonus (off in the paper)
+    kl_coef: float = 0.0  # β_KL: k3 KL to the initial policy, kept frozen in memory (off in the paper)
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, more time
     low_prob_threshold: float = -5.0  # drop a tip-rollout turn whose min tip-free log-prob is below
     intrinsic_coef: float = 1.0  # r_int = coef / (n + 1) in tip modes
     score_scale: float = 0.01  # ScienceWorld scores (0..100) are scaled to 0..1 before adding r_int

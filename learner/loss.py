@@ -9,7 +9,8 @@ Importance ratio (paper Table 3), with s the prompt and tips the retrieved memor
 The caller scores the prompt that matches the mode (tips removed for off-policy, see samples.py);
 this module only sees the two log-probs.
 
-Clipped surrogate with asymmetric clip and dual clip (no KL, no entropy term):
+Clipped surrogate with asymmetric clip and dual clip (no KL, no entropy term by default; both
+are options: L_t − β_H · H_t + β_KL · KL_t, with the k3 KL estimate against the initial policy):
     L1_t = −A · r_t
     L2_t = −A · clip(r_t, 1 − ε_low, 1 + ε_high)
     L_t  = max(L1_t, L2_t)                  if A ≥ 0
@@ -73,6 +74,17 @@ def clipped_policy_loss(
         "approx_kl": ((ratio - 1) - logratio).detach(),  # k3 estimator of KL(πθold || πθ)
     }
     return pg_loss, diagnostics
+
+
+def entropy(log_softmax: torch.Tensor) -> torch.Tensor:
+    """[T, V] log-probs -> [T] entropy of the policy at each response position."""
+    return -(log_softmax.exp() * log_softmax).sum(-1)
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(πθ || πref) on sampled tokens: exp(Δ) − Δ − 1, Δ = ref − θ."""
+    delta = ref_logp - logp
+    return torch.exp(delta) - delta - 1
 
 
 def low_probability_mask(tipfree_logp_min: float, rolled_out_with_tips: bool, threshold: float | None) -> bool:

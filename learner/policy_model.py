@@ -17,11 +17,16 @@ def load_policy(model_path: str, device: str = "cpu"):
     return model, tokenizer
 
 
-def response_logprobs(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor) -> torch.Tensor:
-    """log πθ(response_t | prompt, response_<t) for each response token: [T]."""
+def response_log_softmax(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor) -> torch.Tensor:
+    """log πθ(· | prompt, response_<t) over the vocabulary at each response position: [T, V]."""
     prompt_len = prompt_ids.numel()
     input_ids = torch.cat([prompt_ids, response_ids])[None]
     hidden = model.get_decoder()(input_ids=input_ids).last_hidden_state[0]  # [P+T, H]
     # the hidden state at position j predicts token j+1: positions P-1 .. P+T-2 predict the response
     logits = model.get_output_embeddings()(hidden[prompt_len - 1 : -1]).float()  # [T, V]
-    return torch.log_softmax(logits, dim=-1).gather(-1, response_ids[:, None]).squeeze(-1)
+    return torch.log_softmax(logits, dim=-1)
+
+
+def response_logprobs(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor) -> torch.Tensor:
+    """log πθ(response_t | prompt, response_<t) for each response token: [T]."""
+    return response_log_softmax(model, prompt_ids, response_ids).gather(-1, response_ids[:, None]).squeeze(-1)

@@ -11,6 +11,7 @@ Run: `empo2-learner [key=value ...]`.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections import defaultdict
 import logging
@@ -30,8 +31,8 @@ from common.model_prep import resolve_model
 from common.process import exit_on_sigterm
 from learner.checkpoint import list_checkpoints, load_trainer_state, save_checkpoint
 from learner.config import LearnerConfig
-from learner.loss import ClipConfig, clipped_policy_loss, low_probability_mask
-from learner.policy_model import load_policy, response_logprobs
+from learner.loss import ClipConfig, clipped_policy_loss, entropy, kl_k3, low_probability_mask
+from learner.policy_model import load_policy, response_log_softmax, response_logprobs
 from learner.samples import GiGPO, TurnSample, build_samples
 from learner.weight_push import build_chunks, push_weights, weight_tensors
 from protocol import Client
@@ -54,13 +55,15 @@ class StepStats:
     approx_kl: float
     behaviour_weight_mean: float  # decoupled PPO: mean πprox/πbehaviour over kept tokens (1 when plain)
     behaviour_weight_capped_fraction: float  # decoupled PPO: tokens dropped over the cap
+    entropy_mean: float  # mean policy entropy at response positions (0 unless entropy_coef)
+    kl_mean: float  # mean k3 KL to the initial policy (0 unless kl_coef)
     advantage_abs_mean: float
     logprob_mismatch_mean_nats: float  # |vLLM - learner| on same-version, same-prompt tokens
     logprob_mismatch_max_nats: float
     mismatch_tokens: int
 
 
-def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, version: int) -> StepStats:
+def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, version: int, ref_model=None) -> StepStats:
     """One optimizer step over all samples: the token mean of the EMPO2 loss.
 
     Samples are processed one at a time (activations of one sequence in memory) with their loss
@@ -75,7 +78,12 @@ def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, 
     mismatch: list[torch.Tensor] = []
     for s in samples:
         response = torch.from_numpy(s.response.astype(np.int64))
-        logp = response_logprobs(model, torch.from_numpy(s.update_prompt.astype(np.int64)), response)
+        update_prompt = torch.from_numpy(s.update_prompt.astype(np.int64))
+        if cfg.entropy_coef:
+            log_softmax = response_log_softmax(model, update_prompt, response)
+            logp = log_softmax.gather(-1, response[:, None]).squeeze(-1)
+        else:
+            logp = response_logprobs(model, update_prompt, response)
         if s.with_tips and s.mode == ON_POLICY_TIPS:  # scored with tips: the mask needs a tip-free pass
             with torch.no_grad():
                 tipfree_logp = response_logprobs(model, torch.from_numpy(s.tipfree_prompt.astype(np.int64)), response)
@@ -91,11 +99,20 @@ def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, 
         # one optimizer step per batch: the proximal policy is the current weights, detached
         proximal = logp.detach() if cfg.ratio == "decoupled" else None
         pg_loss, diag = clipped_policy_loss(logp, behaviour, advantages, clip, proximal, cfg.behaviour_weight_cap)
-        pg_loss.sum().backward()
-        loss_sum += float(pg_loss.detach().sum())
+        loss = pg_loss
+        if cfg.entropy_coef:
+            diag["entropy"] = entropy(log_softmax)
+            loss = loss - cfg.entropy_coef * diag["entropy"]
+        if ref_model is not None:
+            with torch.no_grad():
+                ref_logp = response_logprobs(ref_model, update_prompt, response)
+            diag["kl"] = kl_k3(logp, ref_logp)
+            loss = loss + cfg.kl_coef * diag["kl"]
+        loss.sum().backward()
+        loss_sum += float(loss.detach().sum())
         kept_tokens += logp.numel()
         for name, value in diag.items():
-            diags[name].append(value.float())
+            diags[name].append(value.detach().float())
     if kept_tokens:
         for p in model.parameters():
             if p.grad is not None:
@@ -113,6 +130,7 @@ def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, 
         approx_kl=float(cat(diags["approx_kl"]).mean()),
         behaviour_weight_mean=float(cat(diags["behaviour_weight"]).mean()),
         behaviour_weight_capped_fraction=float(cat(diags["behaviour_weight_capped"]).mean()),
+        entropy_mean=float(cat(diags["entropy"]).mean()), kl_mean=float(cat(diags["kl"]).mean()),
         advantage_abs_mean=float(np.mean([abs(s.advantage) for s in samples])) if samples else 0.0,
         logprob_mismatch_mean_nats=float(mism.mean()), logprob_mismatch_max_nats=float(mism.max()),
         mismatch_tokens=sum(m.numel() for m in mismatch),
@@ -131,6 +149,10 @@ class Learner:
         self.model_path = str(resume_from[0]) if resume_from else resolve_model(cfg.model.name, cfg.model.cache_dir or None)
         self.model, self.tokenizer = load_policy(self.model_path)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lcfg.lr, weight_decay=self.lcfg.weight_decay)
+        if self.lcfg.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        # the KL reference is the policy the learner starts from (frozen)
+        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if self.lcfg.kl_coef else None
         self.version = load_trainer_state(resume_from[0], self.optimizer) if resume_from else 0  # +1 per step
         if resume_from:
             log.info("resumed from %s at policy version %d", resume_from[0], self.version)
@@ -156,7 +178,7 @@ class Learner:
             batch = self.next_batch()
             t0 = time.perf_counter()
             samples = build_samples(batch.trajectories, self.lcfg.score_scale, self.lcfg.intrinsic_coef, self.lcfg.adv_eps, self.gigpo)
-            stats = train_step(self.model, self.optimizer, samples, self.lcfg, self.version)
+            stats = train_step(self.model, self.optimizer, samples, self.lcfg, self.version, self.ref_model)
             self.version += 1
             step_s = time.perf_counter() - t0
             push_s = self.push()

@@ -45,3 +45,13 @@ def test_plain_mode_has_unit_weights():
     logp = torch.log(torch.tensor([0.5, 0.2]))
     _, diag = clipped_policy_loss(logp, logp - 0.1, torch.tensor([1.0, -1.0]), CLIP)
     assert diag["behaviour_weight"].tolist() == [1.0, 1.0] and not diag["behaviour_weight_capped"].any()
+
+
+def test_entropy_and_k3_kl_by_hand():
+    from learner.loss import entropy, kl_k3
+
+    uniform = torch.log(torch.full((1, 4), 0.25))
+    assert torch.allclose(entropy(uniform), torch.tensor([math.log(4)]))
+    # Δ = ref − θ = log(0.5) − log(0.25) = log 2: exp(Δ) − Δ − 1 = 2 − 0.693147 − 1
+    assert torch.allclose(kl_k3(torch.log(torch.tensor([0.25])), torch.log(torch.tensor([0.5]))), torch.tensor([0.306853]), atol=1e-6)
+    assert torch.allclose(kl_k3(torch.tensor([-1.0]), torch.tensor([-1.0])), torch.tensor([0.0]))

@@ -62,3 +62,17 @@ def test_rewarded_action_becomes_more_likely(preset):
     after = float(np.exp(_logp(model, PROMPT, GOOD))[0])
     assert after > before * 1.5, (before, after)
     assert float(np.exp(_logp(model, PROMPT, BAD))[0]) < after
+
+
+def test_entropy_and_kl_options_enter_the_step():
+    import copy
+
+    cfg = LearnerConfig(lr=3e-3, low_prob_threshold=None, entropy_coef=0.01, kl_coef=0.1)
+    model = _model()
+    ref = copy.deepcopy(model).requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    group = [_episode(model, ON_POLICY, GOOD, 100.0, 0, 0), _episode(model, ON_POLICY, BAD, 0.0, 1, 0)]
+    first = train_step(model, optimizer, build_samples(group, 0.01, 1.0, 1e-6), cfg, 0, ref)
+    assert first.entropy_mean > 0.0 and first.kl_mean == pytest.approx(0.0, abs=1e-7)  # θ = πref at first
+    second = train_step(model, optimizer, build_samples(group, 0.01, 1.0, 1e-6), cfg, 1, ref)
+    assert second.kl_mean > 0.0  # the policy moved away from the reference
