@@ -30,6 +30,7 @@ class EnvActorConfig:
     simplification: str = "easy"  # ScienceWorld simplification preset
     generate_timeout_s: float = 300.0  # one action generation; generous for CPU start-up
     memory_timeout_s: float = 5.0  # retrieval; after it, the turn goes without tips (counted)
+    memory_retry_after_s: float = 30.0  # after a failed retrieval, go without tips at once for this long
     buffer_timeout_s: float = 30.0  # assignment request / trajectory upload, per try
     upload_retries: int = 20  # a finished episode is retried this often before the actor fails
     startup_timeout_s: float = 900.0  # how long to wait for the servers to come up

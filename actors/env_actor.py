@@ -118,6 +118,16 @@ class EpisodeRunner:
         )
 
 
+def open_episode_runner(cfg: PipelineConfig) -> EpisodeRunner:
+    """The env actor's episode logic over a fresh ScienceWorld; the caller closes runner.env (a JVM)."""
+    from transformers import AutoTokenizer
+
+    acfg = cfg.env_actor
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model.name, cfg.model.cache_dir or None))
+    env = ScienceWorld(acfg.simplification, step_limit=max(100, acfg.max_steps + 1))
+    return EpisodeRunner(env, PromptBuilder(tokenizer, acfg.history_window), acfg.max_steps)
+
+
 class ActorProcess:
     def __init__(self, cfg: PipelineConfig):
         self.cfg, self.acfg = cfg, cfg.env_actor
@@ -129,14 +139,11 @@ class ActorProcess:
         self.policies = [Client(ctx, ep, self.acfg.generate_timeout_s) for ep in cfg.endpoints.policy_servers]
         self._next_policy = itertools.cycle(self.policies)
         self._request_ids = itertools.count()
+        self._memory_down_until = 0.0  # monotonic time until which retrieval is skipped
 
     def run(self) -> None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.cfg.model.name, self.cfg.model.cache_dir or None))
-        env = ScienceWorld(self.acfg.simplification, step_limit=max(100, self.acfg.max_steps + 1))
+        runner = open_episode_runner(self.cfg)
         try:
-            runner = EpisodeRunner(env, PromptBuilder(tokenizer, self.acfg.history_window), self.acfg.max_steps)
             for client in [self.buffer, *self.policies]:
                 pong = wait_until_ready(client, self.actor_id, self.acfg.startup_timeout_s,
                                         on_wait=lambda left, ep=client.endpoint: log.info("waiting for %s (%.0fs left)", ep, left))
@@ -147,13 +154,13 @@ class ActorProcess:
                 t0 = time.time()
                 trajectory, stats = runner.play(assignment, self.actor_id, self._generate, self._retrieve)
                 self._upload(trajectory)
-                self._report_to_memory(trajectory, env.task_description)
+                self._report_to_memory(trajectory, runner.env.task_description)
                 self._record(trajectory, stats)
                 log.info("episode %s %s/%d mode=%s turns=%d score=%.0f versions=%s (%.1fs)", trajectory.episode_id[:8],
                          trajectory.task, trajectory.variation, trajectory.mode, trajectory.num_turns, trajectory.score,
                          sorted(set(trajectory.policy_versions.tolist())), time.time() - t0)
         finally:
-            env.close()
+            runner.env.close()
 
     def _next_assignment(self) -> Assignment:
         while True:
@@ -175,10 +182,15 @@ class ActorProcess:
         return response
 
     def _retrieve(self, task: str, variation: int, state: str):
+        """(tips, n), or None when the memory service is unreachable. After a failure the actor
+        does not wait on it again for memory_retry_after_s: those turns go without tips at once."""
+        if time.monotonic() < self._memory_down_until:
+            return None
         try:
             result = self.memory.call(MemoryQuery(task=task, variation=variation, state=state))
         except (RequestTimeout, RemoteError) as exc:
-            log.warning("memory unavailable (%s); this turn goes without tips", exc)
+            log.warning("memory unavailable (%s); going without tips for %.0fs", exc, self.acfg.memory_retry_after_s)
+            self._memory_down_until = time.monotonic() + self.acfg.memory_retry_after_s
             return None
         assert isinstance(result, MemoryResult)
         return result.tips, result.count

@@ -64,6 +64,11 @@ class ScienceWorld:
         self.env.load(task, 0, self.simplification)
         return list(self.env.get_variations_train())
 
+    def test_variations(self, task: str) -> list[int]:
+        """Variations held out of training: what the test-time adaptation plays."""
+        self.env.load(task, 0, self.simplification)
+        return list(self.env.get_variations_test())
+
     def reset(self, task: str, variation: int) -> StepResult:
         self.env.load(task, variation, self.simplification)
         obs, info = self.env.reset()

@@ -1,0 +1,90 @@
+"""Learner throughput: the EMPO2 train_step against a plain forward+backward+step of the same
+model on the same batch, measured in the same run (ratios are what to compare; the machine is
+noisy). Tokens counted = prompt + response tokens processed by the forward pass.
+
+    .venv/bin/python benchmarks/learner_throughput.py [--samples 8] [--prompt-tokens 350] [--repeats 3]
+
+Baseline: for each sample, model(input_ids, labels=...) on the whole sequence (full-vocabulary
+logits at every position, HF's causal-LM loss), backward, then one AdamW step for the batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common.model_prep import resolve_model
+from learner.config import LearnerConfig
+from learner.policy_model import load_policy
+from learner.samples import TurnSample
+from learner.train import train_step
+from protocol.messages import ON_POLICY
+
+
+def make_batch(n: int, prompt_tokens: int, response_tokens: int, vocab: int, seed: int = 0) -> list[TurnSample]:
+    rng = np.random.default_rng(seed)
+    batch = []
+    for i in range(n):
+        prompt = rng.integers(0, vocab, prompt_tokens + rng.integers(-50, 50)).astype(np.int32)
+        response = rng.integers(0, vocab, response_tokens).astype(np.int32)
+        batch.append(TurnSample(prompt, prompt, response, np.full(response_tokens, -2.0, np.float32), float(i % 2) - 0.5, ON_POLICY, 0, False))
+    return batch
+
+
+def plain_step(model, optimizer, batch: list[TurnSample]) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    for s in batch:
+        ids = torch.from_numpy(np.concatenate([s.update_prompt, s.response]).astype(np.int64))[None]
+        labels = ids.clone()
+        labels[0, : len(s.update_prompt)] = -100
+        model(input_ids=ids, labels=labels).loss.backward()
+    optimizer.step()
+
+
+def timed(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=350)
+    parser.add_argument("--response-tokens", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="benchmarks/results/learner_throughput.json")
+    args = parser.parse_args()
+
+    model, _ = load_policy(resolve_model("embedded:SmolLM2-135M-Instruct"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-12)  # tiny lr: the weights barely move
+    batch = make_batch(args.samples, args.prompt_tokens, args.response_tokens, model.config.vocab_size)
+    tokens = sum(len(s.update_prompt) + len(s.response) for s in batch)
+    cfg = LearnerConfig(low_prob_threshold=None)
+
+    learner_s = timed(lambda: train_step(model, optimizer, batch, cfg, version=0), args.repeats)
+    plain_s = timed(lambda: plain_step(model, optimizer, batch), args.repeats)
+    result = {
+        "samples": args.samples, "tokens_per_step": tokens, "threads": torch.get_num_threads(),
+        "learner_tokens_per_s": tokens / learner_s, "plain_tokens_per_s": tokens / plain_s,
+        "ratio_learner_to_plain": plain_s / learner_s,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{'':24}{'tokens/s':>12}")
+    print(f"{'EMPO2 train_step':24}{result['learner_tokens_per_s']:12.1f}")
+    print(f"{'plain fwd+bwd+step':24}{result['plain_tokens_per_s']:12.1f}")
+    print(f"ratio learner / plain: {result['ratio_learner_to_plain']:.2f}  ({tokens} tokens per step, {torch.get_num_threads()} threads)")
+
+
+if __name__ == "__main__":
+    main()

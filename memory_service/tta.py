@@ -1,0 +1,191 @@
+"""Test-time adaptation (paper Figure 8): K trials per unseen task, memory on, weights frozen.
+
+Starts only the policy server(s) and the memory service as processes (deploy.launch.Launcher,
+logs in <run_dir>/logs; no buffer, env actors or learner, so the weights never change), then
+plays the trials in this process with the env actor's episode logic, in mode on_policy_tips at
+tta.temperature, on the first tta.variations test variations of each of tta.tasks. After each
+trial the episode goes to the memory service, and the next trial starts once its reflection is
+stored (at most tta.reflection_wait_s later), so every trial sees the memories of the previous
+ones. Prints a line per trial and a table of scores (trial 1..K, mean per trial), also written
+to <run_dir>/tta.json. The started processes are always stopped.
+
+Sockets (DEALER clients, through actors.env_actor.ActorProcess):
+  policy servers: Ping -> Pong ; GenerateRequest -> GenerateResponse
+  memory service: Ping -> Pong ; MemoryQuery -> MemoryResult ; EpisodeReport -> Ack
+Reads the memory service's Prometheus endpoint to see a reflection stored.
+
+Run: `empo2-memory-tta [key=value ...]`, e.g. `empo2-memory-tta tta.trials=5 'tta.tasks=[find-animal]'`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field, replace
+
+from actors.env_actor import ActorProcess, EpisodeRunner, open_episode_runner
+from common.config import PipelineConfig, load_config
+from common.logs import setup_logging
+from common.model_prep import resolve_model
+from common.process import exit_on_sigterm
+from deploy.launch import Launcher, role_commands
+from deploy.monitor import scrape, total
+from protocol.messages import ON_POLICY_TIPS, Assignment
+from protocol.transport import wait_until_ready
+
+log = logging.getLogger("tta")
+
+TTA_ROLES = ("policy_server", "memory_service")  # prefixes of deploy.launch.role_commands names
+REFLECTIONS = "empo2_memory_service_reflections_total"
+REFLECTION_ERRORS = 'empo2_memory_service_errors_total{where="reflection"}'
+
+
+@dataclass
+class TaskResult:
+    """One (task, variation): per trial, its score, the tips shown and whether its reflection was stored."""
+
+    task: str
+    variation: int
+    scores: list[float] = field(default_factory=list)
+    tips_shown: list[int] = field(default_factory=list)
+    reflection_stored: list[bool] = field(default_factory=list)
+
+
+def tta_roles(cfg: PipelineConfig) -> list[tuple[str, list[str]]]:
+    return [(name, argv) for name, argv in role_commands(cfg) if name.startswith(TTA_ROLES)]
+
+
+def check_alive(launcher: Launcher) -> None:
+    """A started process that died ends the run with its log's last lines instead of a long wait."""
+    for child in launcher.children:
+        if child.process.poll() is not None:
+            raise RuntimeError(f"{child.name} exited with {child.process.returncode}; "
+                               f"last lines of {child.log_path}:\n{child.tail()}")
+
+
+def wait_for_servers(actor: ActorProcess, launcher: Launcher, timeout_s: float) -> None:
+    for client in [*actor.policies, actor.memory]:
+        print(f"[tta] waiting for {client.endpoint}", flush=True)
+        wait_until_ready(client, "tta", timeout_s, on_wait=lambda _left: check_alive(launcher))
+
+
+def reflection_counts(cfg: PipelineConfig) -> tuple[float, float]:
+    """(reflections stored, reflections failed) so far, from the memory service's metrics."""
+    samples = scrape(cfg.metrics.host, cfg.metrics.port("memory_service"))
+    return total(samples, REFLECTIONS), samples.get(REFLECTION_ERRORS, 0.0)
+
+
+def wait_for_reflection(cfg: PipelineConfig, launcher: Launcher, before: tuple[float, float]) -> bool:
+    """True once the memory service stored one more reflection than `before`; False if it failed
+    or tta.reflection_wait_s passed (the next trial then plays without that trial's memories)."""
+    deadline = time.monotonic() + cfg.tta.reflection_wait_s
+    while time.monotonic() < deadline:
+        check_alive(launcher)
+        stored, failed = reflection_counts(cfg)
+        if stored > before[0]:
+            return True
+        if failed > before[1]:
+            log.warning("the reflection failed (see memory_service.log); the next trial goes without it")
+            return False
+        time.sleep(0.5)
+    log.warning("no reflection stored within %.0fs; the next trial goes without it", cfg.tta.reflection_wait_s)
+    return False
+
+
+def play_trial(cfg: PipelineConfig, launcher: Launcher, actor: ActorProcess, runner: EpisodeRunner, result: TaskResult) -> None:
+    trial = len(result.scores)
+    # the training assignment's seed policy: one group per (task, variation), one slot per trial
+    assignment = Assignment(group_id=f"tta-{result.task}-{result.variation}", slot=trial, task=result.task,
+                            variation=result.variation, mode=ON_POLICY_TIPS, seed=trial)
+    t0 = time.monotonic()
+    trajectory, stats = runner.play(assignment, actor.actor_id, actor._generate, actor._retrieve)
+    before = reflection_counts(cfg)
+    actor._report_to_memory(trajectory, runner.env.task_description)
+    # also after the last trial: the store is complete when the memory service is stopped
+    stored = wait_for_reflection(cfg, launcher, before)
+    result.scores.append(trajectory.score)
+    result.tips_shown.append(stats.tips_shown)
+    result.reflection_stored.append(stored)
+    print(f"[tta] {result.task} variation {result.variation} trial {trial + 1}/{cfg.tta.trials}: "
+          f"score {trajectory.score:.0f}, {trajectory.num_turns} steps, {stats.tips_shown} tips shown, "
+          f"reflection {'stored' if stored else 'missing'} ({time.monotonic() - t0:.0f}s)", flush=True)
+
+
+def mean_per_trial(results: list[TaskResult]) -> list[float]:
+    trials = max((len(r.scores) for r in results), default=0)
+    return [statistics.fmean(r.scores[k] for r in results if len(r.scores) > k) for k in range(trials)]
+
+
+def write_results(cfg: PipelineConfig, results: list[TaskResult]) -> None:
+    report = {
+        "model": cfg.model.name, "tasks": cfg.tta.tasks, "trials": cfg.tta.trials, "temperature": cfg.tta.temperature,
+        "memory_key": cfg.memory_service.key, "results": [asdict(r) for r in results], "mean_per_trial": mean_per_trial(results),
+    }
+    cfg.run_path("tta.json").write_text(json.dumps(report, indent=1))
+
+
+def play_all(cfg: PipelineConfig, launcher: Launcher, actor: ActorProcess, runner: EpisodeRunner) -> list[TaskResult]:
+    results: list[TaskResult] = []
+    for task in cfg.tta.tasks:
+        for variation in runner.env.test_variations(task)[: cfg.tta.variations]:
+            results.append(TaskResult(task, variation))
+            for _ in range(cfg.tta.trials):
+                check_alive(launcher)
+                play_trial(cfg, launcher, actor, runner, results[-1])
+                write_results(cfg, results)  # after every trial, so an interrupted run keeps what it played
+    return results
+
+
+def format_table(results: list[TaskResult]) -> str:
+    means = mean_per_trial(results)
+    header = ["task", "variation", *[f"trial {k + 1}" for k in range(len(means))]]
+    rows = [[r.task, str(r.variation), *[f"{s:.0f}" for s in r.scores]] for r in results]
+    rows.append(["mean", "", *[f"{m:.1f}" for m in means]])
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows])
+
+
+def run(cfg: PipelineConfig, overrides: list[str]) -> list[TaskResult]:
+    launcher = Launcher(cfg, overrides, roles=tta_roles(cfg))
+    with ExitStack() as cleanup:
+        cleanup.callback(launcher.stop)  # registered first, so it runs last and also after a partial start
+        launcher.start()
+        runner = open_episode_runner(cfg)  # the tokenizer and the JVM load while the servers start
+        cleanup.callback(runner.env.close)
+        # the actor's request / retrieve / report logic, sampling at the evaluation temperature
+        actor = ActorProcess(replace(cfg, env_actor=replace(cfg.env_actor, temperature=cfg.tta.temperature)))
+        wait_for_servers(actor, launcher, cfg.env_actor.startup_timeout_s)
+        entries = total(scrape(cfg.metrics.host, cfg.metrics.port("memory_service")), "empo2_memory_service_entries")
+        print(f"[tta] ready; memory holds {entries:.0f} entries; {cfg.tta.trials} trials per task at temperature "
+              f"{cfg.tta.temperature}", flush=True)
+        return play_all(cfg, launcher, actor, runner)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cfg = load_config(argv)
+    setup_logging("tta")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # closing ScienceWorld logs harmless tracebacks at INFO
+    exit_on_sigterm()
+    t0 = time.monotonic()
+    # converts the embedded model once here, before the servers and this process would race to
+    print(f"[tta] run dir {cfg.run_dir}; model at {resolve_model(cfg.model.name, cfg.model.cache_dir or None)}", flush=True)
+    try:
+        results = run(cfg, argv)
+    except KeyboardInterrupt:
+        print("[tta] interrupted; processes stopped", flush=True)
+        return 130
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"[tta] failed: {exc}", flush=True)
+        return 1
+    print(f"[tta] done in {time.monotonic() - t0:.0f}s; scores per trial (also in {cfg.run_path('tta.json')}):\n"
+          f"{format_table(results)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
