@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -26,9 +25,8 @@ import zmq
 
 from actors.prompts import PromptBuilder
 from actors.scienceworld_env import ScienceWorld, most_similar_action
-from common.config import PipelineConfig, load_config
-from common.logs import setup_logging
-from common.process import exit_on_sigterm
+from common.config import PipelineConfig
+from common.process import run_role
 from common.metrics import EnvActorMetrics
 from common.model_prep import resolve_model
 from protocol import Client, RemoteError, RequestTimeout
@@ -238,15 +236,7 @@ class ActorProcess:
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = load_config(sys.argv[1:] if argv is None else argv)
-    setup_logging(f"env_actor{cfg.env_actor.index}")
-    exit_on_sigterm()
-    actor = ActorProcess(cfg)
-    actor.metrics.serve(cfg.metrics.host, cfg.metrics.port("env_actor", cfg.env_actor.index))
-    try:
-        actor.run()
-    except (KeyboardInterrupt, SystemExit):
-        log.info("stopping")
+    run_role(argv, "env_actor", ActorProcess, index=lambda cfg: cfg.env_actor.index)
 
 
 if __name__ == "__main__":

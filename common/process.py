@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 import sys
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
@@ -30,3 +31,25 @@ def run_async_until_signalled(coro, on_exit=None) -> None:
         if on_exit:
             on_exit()
         loop.close()
+
+
+def run_role(argv: list[str] | None, role: str, build: Callable[[Any], Any], index: Callable[[Any], int] = lambda cfg: 0) -> None:
+    """The main of a synchronous role: config from `key=value` arguments, logging, metrics on the
+    role's port, then `build(cfg).run()` until it returns or the process is told to stop.
+    The built object has `.metrics` (a RoleMetrics) and `.run()`; `.close()` runs at exit if present."""
+    from common.config import load_config
+    from common.logs import setup_logging
+
+    cfg = load_config(sys.argv[1:] if argv is None else argv)
+    i = index(cfg)
+    setup_logging(f"{role}{i}" if role in ("env_actor", "policy_server") else role)
+    exit_on_sigterm()
+    process = build(cfg)
+    process.metrics.serve(cfg.metrics.host, cfg.metrics.port(role, i))
+    try:
+        process.run()
+    except (KeyboardInterrupt, SystemExit):
+        log.info("%s stopping", role)
+    finally:
+        if hasattr(process, "close"):
+            process.close()

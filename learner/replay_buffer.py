@@ -20,21 +20,18 @@ from __future__ import annotations
 import logging
 import random
 import struct
-import sys
 import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import zmq
-
-from common.config import PipelineConfig, load_config
-from common.logs import setup_logging
+from common.config import PipelineConfig
 from common.metrics import ReplayBufferMetrics
-from common.process import exit_on_sigterm
+from common.process import run_role
+from common.server import serve_requests
 from learner.config import ReplayBufferConfig
-from protocol import ProtocolError, bind_router, decode, encode, recv_request, send_reply
+from protocol import decode, encode
 from protocol.codec import pack_frames, unpack_frames
 from protocol.messages import (
     OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Ack, Assignment, AssignmentRequest, Batch, BatchRequest, ErrorReply, Ping, Pong,
@@ -202,20 +199,8 @@ class BufferProcess:
         self.learner_version = 0
 
     def run(self) -> None:
-        sock = bind_router(zmq.Context.instance(), self.cfg.endpoints.replay_buffer)
         log.info("replay buffer on %s; targets %s", self.cfg.endpoints.replay_buffer, self.buffer.targets)
-        while True:
-            try:
-                request = recv_request(sock)
-            except ProtocolError as exc:
-                self.metrics.rejected.labels(exc.reason).inc()
-                log.warning("rejected message: %s", exc)
-                continue
-            msg = request.message
-            self.metrics.messages_in.labels(msg.KIND).inc()
-            reply = self.handle(msg)
-            send_reply(sock, request.identity, reply)
-            self.metrics.messages_out.labels(reply.KIND).inc()
+        serve_requests(self.cfg.endpoints.replay_buffer, self.handle, self.metrics)
 
     def handle(self, msg):
         if isinstance(msg, Ping):
@@ -270,15 +255,7 @@ def train_variations(tasks: list[str], simplification: str) -> dict[str, list[in
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = load_config(sys.argv[1:] if argv is None else argv)
-    setup_logging("replay_buffer")
-    exit_on_sigterm()
-    process = BufferProcess(cfg, train_variations(cfg.replay_buffer.tasks, cfg.env_actor.simplification))
-    process.metrics.serve(cfg.metrics.host, cfg.metrics.port("replay_buffer"))
-    try:
-        process.run()
-    except (KeyboardInterrupt, SystemExit):
-        log.info("stopping")
+    run_role(argv, "replay_buffer", lambda cfg: BufferProcess(cfg, train_variations(cfg.replay_buffer.tasks, cfg.env_actor.simplification)))
 
 
 if __name__ == "__main__":

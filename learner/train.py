@@ -15,7 +15,6 @@ import copy
 import json
 from collections import defaultdict
 import logging
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +23,10 @@ import numpy as np
 import torch
 import zmq
 
-from common.config import PipelineConfig, load_config
-from common.logs import setup_logging
+from common.config import PipelineConfig
 from common.metrics import LearnerMetrics
 from common.model_prep import resolve_model
-from common.process import exit_on_sigterm
+from common.process import run_role
 from learner.checkpoint import list_checkpoints, load_trainer_state, save_checkpoint
 from learner.config import LearnerConfig
 from learner.loss import ClipConfig, clipped_policy_loss, entropy, kl_k3, low_probability_mask
@@ -233,21 +231,12 @@ class Learner:
     def finish(self) -> dict:
         summary = {"steps": self.version, "policy_version": self.version, "final_checkpoint": self.save_checkpoint(), "history": self.history}
         self.cfg.run_path("learner_summary.json").write_text(json.dumps(summary, indent=1))
+        log.info("done: %d steps, policy version %d, checkpoint %s", self.version, self.version, summary["final_checkpoint"])
         return summary
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = load_config(sys.argv[1:] if argv is None else argv)
-    setup_logging("learner")
-    exit_on_sigterm()
-    learner = Learner(cfg)
-    learner.metrics.serve(cfg.metrics.host, cfg.metrics.port("learner"))
-    try:
-        summary = learner.run()
-    except (KeyboardInterrupt, SystemExit):
-        log.info("stopping at policy version %d", learner.version)
-        return
-    log.info("done: %d steps, policy version %d, checkpoint %s", summary["steps"], summary["policy_version"], summary["final_checkpoint"])
+    run_role(argv, "learner", Learner)
 
 
 if __name__ == "__main__":

@@ -16,21 +16,20 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
-import sys
 import threading
 import time
 
 import numpy as np
 import zmq
 
-from common.config import PipelineConfig, load_config
-from common.logs import setup_logging
+from common.config import PipelineConfig
 from common.metrics import MemoryServiceMetrics
 from common.model_prep import resolve_model
-from common.process import exit_on_sigterm
+from common.process import run_role
+from common.server import serve_requests
 from memory_service.embedder import Embedder
 from memory_service.store import Entry, MemoryStore, memory_key
-from protocol import Client, ProtocolError, bind_router, recv_request, send_reply
+from protocol import Client
 from protocol.messages import Ack, EpisodeReport, ErrorReply, GenerateRequest, MemoryQuery, MemoryResult, Ping, Pong
 
 log = logging.getLogger("memory_service")
@@ -68,20 +67,11 @@ class MemoryService:
     # ---------------------------------------------------------------- request loop (main thread)
     def run(self) -> None:
         threading.Thread(target=self._reflection_worker, name="reflection", daemon=True).start()
-        sock = bind_router(zmq.Context.instance(), self.cfg.endpoints.memory_service)
         log.info("memory service on %s", self.cfg.endpoints.memory_service)
-        while True:
-            try:
-                request = recv_request(sock)
-            except ProtocolError as exc:
-                self.metrics.rejected.labels(exc.reason).inc()
-                log.warning("rejected message: %s", exc)
-                continue
-            msg = request.message
-            self.metrics.messages_in.labels(msg.KIND).inc()
-            reply = self.handle(msg)
-            send_reply(sock, request.identity, reply)
-            self.metrics.messages_out.labels(reply.KIND).inc()
+        serve_requests(self.cfg.endpoints.memory_service, self.handle, self.metrics)
+
+    def close(self) -> None:
+        self.store.close()
 
     def handle(self, msg):
         if isinstance(msg, Ping):
@@ -168,17 +158,7 @@ class MemoryService:
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = load_config(sys.argv[1:] if argv is None else argv)
-    setup_logging("memory_service")
-    exit_on_sigterm()
-    service = MemoryService(cfg)
-    service.metrics.serve(cfg.metrics.host, cfg.metrics.port("memory_service"))
-    try:
-        service.run()
-    except (KeyboardInterrupt, SystemExit):
-        log.info("stopping")
-    finally:
-        service.store.close()
+    run_role(argv, "memory_service", MemoryService)
 
 
 if __name__ == "__main__":
