@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -16,6 +16,7 @@ class PolicyServerConfig:
     enforce_eager: bool = True  # CUDA graphs cost start-up time; worth it only on long GPU runs
     weight_sync: str = "zmq"  # "zmq": tensor frames over the socket (any host); "nccl": GPU-only
     weight_staging_dir: str = "/dev/shm"  # where received weights are staged for the engine
+    allowed_weight_dirs: list[str] = field(default_factory=lambda: ["/dev/shm"])  # WeightFile paths must lie here
     max_weight_message_bytes: int = 1 << 30  # size limit of one WeightChunk message
     max_request_message_bytes: int = 8 << 20  # size limit of any other request
 

@@ -1,7 +1,7 @@
 """Policy server: a vLLM engine behind a ZeroMQ ROUTER.
 
 Socket: ROUTER bound at endpoints.policy_servers[index].
-  in : Ping, GenerateRequest (env actors, memory service), WeightChunk (learner)
+  in : Ping, GenerateRequest (env actors, memory service), WeightChunk | WeightFile (learner)
   out: Pong, GenerateResponse, WeightUpdateAck, ErrorReply
 Requests are served concurrently (one asyncio task each) and batched continuously by the
 engine; a weight update is applied atomically between generations (actors/policy_engine.py).
@@ -26,7 +26,9 @@ from common.process import run_async_until_signalled
 from common.metrics import PolicyServerMetrics
 from common.model_prep import resolve_model
 from protocol import ProtocolError, decode, encode
-from protocol.messages import ErrorReply, GenerateRequest, GenerateResponse, Ping, Pong, WeightChunk, WeightUpdateAck
+from protocol.messages import (
+    ErrorReply, GenerateRequest, GenerateResponse, Ping, Pong, WeightChunk, WeightFile, WeightUpdateAck, file_checksum,
+)
 from actors.weight_receiver import WeightAssembler, WeightUpdateError
 
 log = logging.getLogger("policy_server")
@@ -84,6 +86,8 @@ class PolicyServer:
                 self._spawn(self._generate(identity, msg))
             elif isinstance(msg, WeightChunk):
                 await self._weight_chunk(identity, msg)
+            elif isinstance(msg, WeightFile):
+                self._spawn(self._weight_file(identity, msg))
             else:
                 self.metrics.rejected.labels("unexpected_kind").inc()
                 await self._send(identity, ErrorReply(reason="unexpected_kind", detail=f"{msg.KIND} is not served here"))
@@ -131,23 +135,43 @@ class PolicyServer:
         if staged is None:
             await self._send(identity, WeightUpdateAck(version=self.engine.version, chunk_index=chunk.chunk_index, applied=False))
             return
-        self._spawn(self._apply(identity, chunk, staged))
+        self._spawn(self._apply(identity, chunk.version, chunk.chunk_index, str(staged), self._update_t0))
 
-    async def _apply(self, identity: bytes, chunk: WeightChunk, staged) -> None:
+    async def _weight_file(self, identity: bytes, update: WeightFile) -> None:
+        """Verify the file's checksum (off the event loop: it reads every byte), then apply it
+        in place: no copy through the socket or a staging file."""
+        t0 = time.perf_counter()
+        real = os.path.realpath(update.path)
+        if not any(real.startswith(os.path.realpath(d) + os.sep) for d in self.scfg.allowed_weight_dirs):
+            self.metrics.rejected.labels("weight_path").inc()
+            await self._send(identity, ErrorReply(reason="weight_update_rejected", detail=f"{update.path} is outside policy_server.allowed_weight_dirs"))
+            return
+        try:
+            actual = await asyncio.to_thread(file_checksum, real)
+        except OSError as exc:
+            actual = f"unreadable ({exc})"
+        if actual != update.checksum:
+            self.metrics.rejected.labels("weight_checksum").inc()
+            await self._send(identity, ErrorReply(reason="weight_update_rejected", detail=f"v{update.version}: checksum {actual} != {update.checksum}"))
+            return
+        self.metrics.weight_update_bytes.inc(os.path.getsize(real))
+        await self._apply(identity, update.version, 0, real, t0)
+
+    async def _apply(self, identity: bytes, version: int, chunk_index: int, path: str, t0: float) -> None:
         t_apply = time.perf_counter()
         try:
-            await self.engine.load_weights(str(staged), chunk.version)
+            await self.engine.load_weights(path, version)
         except Exception as exc:
             self.metrics.errors.labels("weight_update").inc()
-            log.exception("applying weights v%d failed", chunk.version)
+            log.exception("applying weights v%d failed", version)
             await self._send(identity, ErrorReply(reason="weight_update_failed", detail=str(exc)[:500]))
             return
         apply_s = time.perf_counter() - t_apply
         self.metrics.weight_updates.inc()
-        self.metrics.weight_update_seconds.observe(time.perf_counter() - self._update_t0)
-        self.metrics.policy_version.set(chunk.version)
-        log.info("policy version %d live (reload %.2fs)", chunk.version, apply_s)
-        await self._send(identity, WeightUpdateAck(version=chunk.version, chunk_index=chunk.chunk_index, applied=True, apply_seconds=apply_s))
+        self.metrics.weight_update_seconds.observe(time.perf_counter() - t0)
+        self.metrics.policy_version.set(version)
+        log.info("policy version %d live (reload %.2fs)", version, apply_s)
+        await self._send(identity, WeightUpdateAck(version=version, chunk_index=chunk_index, applied=True, apply_seconds=apply_s))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -45,7 +45,9 @@ class LearnerConfig:
     checkpoint_every: int = 0  # 0 = only at the end
     keep_checkpoints: int = 3  # retention: the newest N complete checkpoints are kept
     resume: bool = True  # start from the newest checkpoint in run_dir/checkpoints, if any
-    weight_chunk_bytes: int = 64 << 20  # weight push message size
+    weight_sync: str = "zmq"  # "zmq": tensor frames over the socket (any host) | "file": one safetensors file in weight_dir
+    weight_dir: str = "/dev/shm"  # "file" sync: shared memory on one host, or a filesystem the servers share
+    weight_chunk_bytes: int = 64 << 20  # "zmq" sync: weight push message size
     push_timeout_s: float = 300.0
     batch_poll_s: float = 2.0  # wait between batch requests while groups are incomplete
     torch_threads: int = 0  # 0 = torch default

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from collections import defaultdict
 import logging
 import time
@@ -32,7 +33,7 @@ from learner.config import LearnerConfig
 from learner.loss import ClipConfig, clipped_policy_loss, entropy, kl_k3, low_probability_mask
 from learner.policy_model import load_policy, response_log_softmax, response_logprobs
 from learner.samples import GiGPO, TurnSample, build_samples
-from learner.weight_push import build_chunks, push_weights, weight_tensors
+from learner.weight_push import build_chunks, push_weight_file, push_weights, weight_tensors, write_weight_file
 from protocol import Client
 from protocol.messages import ON_POLICY_TIPS, Batch, BatchRequest, Trajectory, Wait
 from protocol.transport import wait_until_ready
@@ -157,6 +158,8 @@ class Learner:
         ctx = zmq.Context.instance()
         self.buffer = Client(ctx, cfg.endpoints.replay_buffer, timeout_s=60.0)
         self.policies = [Client(ctx, ep, timeout_s=self.lcfg.push_timeout_s) for ep in cfg.endpoints.policy_servers]
+        if self.lcfg.weight_sync not in ("zmq", "file"):
+            raise ValueError(f"learner.weight_sync must be zmq|file, got {self.lcfg.weight_sync!r} (NCCL transfer is not implemented yet)")
         if self.lcfg.ratio not in ("plain", "decoupled"):
             raise ValueError(f"learner.ratio must be plain|decoupled, got {self.lcfg.ratio!r}")
         if self.lcfg.advantage not in ("grpo", "gigpo"):
@@ -186,8 +189,17 @@ class Learner:
         return self.finish()
 
     def push(self) -> float:
-        chunks = build_chunks(weight_tensors(self.model), self.version, self.lcfg.weight_chunk_bytes)
-        return push_weights(self.policies, chunks, self.lcfg.push_timeout_s)
+        """Send the current weights to every policy server (learner.weight_sync); wall seconds."""
+        tensors = weight_tensors(self.model)
+        if self.lcfg.weight_sync == "zmq":
+            return push_weights(self.policies, build_chunks(tensors, self.version, self.lcfg.weight_chunk_bytes), self.lcfg.push_timeout_s)
+        t0 = time.perf_counter()
+        path, checksum = write_weight_file(tensors, self.lcfg.weight_dir, self.version)
+        try:
+            push_weight_file(self.policies, path, checksum, self.version, self.lcfg.push_timeout_s)
+        finally:
+            os.remove(path)  # every server has loaded it (or the push failed)
+        return time.perf_counter() - t0
 
     def next_batch(self) -> Batch:
         request = BatchRequest(learner_version=self.version, num_groups=self.lcfg.groups_per_step, max_staleness=self.lcfg.max_staleness)

@@ -1,20 +1,24 @@
-"""Push the learner's weights to every policy server as raw tensor frames over ZeroMQ.
+"""Push the learner's weights to every policy server, by one of two methods (learner.weight_sync):
 
-Tensors travel as uint8 views of their memory (zero-copy on CPU), grouped into WeightChunk
-messages of about `chunk_bytes`; a blake2b checksum over all bytes lets the server verify the
-update before it goes live. Each server acknowledges every chunk; the last ack says the new
-version is live there.
+- "zmq": tensors travel as uint8 views of their memory (zero-copy on CPU) in WeightChunk
+  messages of about `chunk_bytes`, with a blake2b checksum over all bytes; works across hosts.
+- "file": the learner writes one safetensors file (in /dev/shm: shared memory, written once for
+  every server on the host; or on a shared filesystem) and sends its path and checksum in a
+  WeightFile message; each server verifies and loads it in place.
+Each server acknowledges; the last ack says the new version is live there.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
+from pathlib import Path
 
 import torch
 
 from protocol import Client
-from protocol.messages import TensorMeta, WeightChunk, WeightUpdateAck, weights_checksum
+from protocol.messages import TensorMeta, WeightChunk, WeightFile, WeightUpdateAck, file_checksum, weights_checksum
 
 log = logging.getLogger(__name__)
 
@@ -56,4 +60,26 @@ def push_weights(clients: list[Client], chunks: list[WeightChunk], timeout_s: fl
         if not (ack.applied and ack.version == chunks[-1].version):
             raise RuntimeError(f"{client.endpoint} did not apply version {chunks[-1].version}: {ack}")
         log.info("%s now serves v%d (engine reload %.2fs)", client.endpoint, ack.version, ack.apply_seconds)
+    return time.perf_counter() - t0
+
+
+def write_weight_file(tensors: list[tuple[str, torch.Tensor]], directory: str, version: int) -> tuple[str, str]:
+    """Write the tensors as one safetensors file, atomically; returns (path, checksum)."""
+    from safetensors.torch import save_file
+
+    path = Path(directory) / f"empo2-weights-{os.getpid()}-v{version}.safetensors"
+    tmp = path.with_suffix(".tmp")
+    save_file({name: t.to("cpu").contiguous() for name, t in tensors}, str(tmp))
+    os.replace(tmp, path)
+    return str(path), file_checksum(str(path))
+
+
+def push_weight_file(clients: list[Client], path: str, checksum: str, version: int, timeout_s: float) -> float:
+    """Announce a written weight file to every server; returns the wall time until all run it."""
+    t0 = time.perf_counter()
+    for client in clients:
+        ack = client.call(WeightFile(version=version, path=path, checksum=checksum), timeout_s=timeout_s)
+        if not (isinstance(ack, WeightUpdateAck) and ack.applied and ack.version == version):
+            raise RuntimeError(f"{client.endpoint} did not apply version {version}: {ack}")
+        log.info("%s now serves v%d from %s (engine reload %.2fs)", client.endpoint, version, path, ack.apply_seconds)
     return time.perf_counter() - t0

@@ -167,6 +167,31 @@ def weights_checksum(buffers) -> str:
     return h.hexdigest()
 
 
+def file_checksum(path: str, block_bytes: int = 16 << 20) -> str:
+    """WeightFile.checksum: weights_checksum over the file's bytes."""
+    def blocks():
+        with open(path, "rb") as f:
+            while block := f.read(block_bytes):
+                yield block
+    return weights_checksum(blocks())
+
+
+@register
+@dataclass
+class WeightFile(Message):
+    """A weight update as a safetensors file both sides can read: shared memory (/dev/shm) on one
+    host, or a shared filesystem. Learner -> policy server; answered with WeightUpdateAck."""
+
+    KIND = "weight_file"
+    version: int  # policy version these weights become
+    path: str  # absolute path of a safetensors file of HF-named tensors
+    checksum: str  # file_checksum(path), verified by the server before the update goes live
+
+    def validate(self) -> None:
+        _check(self.version >= 0, "negative version")
+        _check(self.path.startswith("/") and self.path.endswith(".safetensors"), "path must be an absolute .safetensors file")
+
+
 @register
 @dataclass
 class WeightUpdateAck(Message):

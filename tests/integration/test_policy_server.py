@@ -3,6 +3,8 @@ learner's model, weight updates over ZeroMQ, and rejection of bad input."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -10,9 +12,9 @@ import zmq
 
 from common.model_prep import resolve_model
 from learner.policy_model import load_policy, response_logprobs
-from learner.weight_push import build_chunks, push_weights, weight_tensors
+from learner.weight_push import build_chunks, push_weight_file, push_weights, weight_tensors, write_weight_file
 from protocol import Client, RemoteError
-from protocol.messages import GenerateRequest, GenerateResponse, Ping, Pong, WeightChunk
+from protocol.messages import GenerateRequest, GenerateResponse, Ping, Pong, WeightChunk, WeightFile
 from protocol.transport import wait_until_ready
 
 pytestmark = pytest.mark.integration
@@ -73,6 +75,27 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     assert not (np.array_equal(after.token_ids, before.token_ids) and np.allclose(after.logprobs, before.logprobs))
     # the server now computes exactly what the learner's updated weights compute (lm_head included)
     assert np.abs(learner_logprobs(model, prompt, after) - after.logprobs).max() < 1e-3
+
+    # the same through a weight file in shared memory (learner.weight_sync=file): version 2
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    path, checksum = write_weight_file(weight_tensors(model), "/dev/shm", version=2)
+    try:
+        with pytest.raises(RemoteError) as err:  # a wrong checksum is refused
+            client.call(WeightFile(version=2, path=path, checksum="0" * 32))
+        assert err.value.reason == "weight_update_rejected"
+        push_weight_file([client], path, checksum, version=2, timeout_s=300)
+    finally:
+        os.remove(path)
+    via_file = greedy(client, prompt)
+    assert via_file.policy_version == 2
+    assert np.abs(learner_logprobs(model, prompt, via_file) - via_file.logprobs).max() < 1e-3
+    outside = tmp_path / "w.safetensors"  # only policy_server.allowed_weight_dirs are read
+    outside.write_bytes(b"")
+    with pytest.raises(RemoteError) as err:
+        client.call(WeightFile(version=3, path=str(outside), checksum="0" * 32))
+    assert err.value.reason == "weight_update_rejected" and "allowed_weight_dirs" in str(err.value)
 
     # hostile bytes get an ErrorReply and the server keeps serving
     raw = ctx.socket(zmq.DEALER)

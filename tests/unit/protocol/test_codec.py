@@ -42,6 +42,7 @@ from protocol.messages import (
     Trajectory,
     Wait,
     WeightChunk,
+    WeightFile,
     WeightUpdateAck,
     weights_checksum,
 )
@@ -128,6 +129,7 @@ SAMPLES: dict[str, callable] = {
     ),
     "weight_chunk": _weight_chunk,
     "weight_update_ack": lambda: WeightUpdateAck(version=3, chunk_index=1, applied=True, apply_seconds=1.5),
+    "weight_file": lambda: WeightFile(version=4, path="/dev/shm/empo2-weights-1-v4.safetensors", checksum="ab" * 16),
     "assignment_request": lambda: AssignmentRequest(actor_id="actor-1"),
     "assignment": lambda: Assignment(
         group_id="g1", slot=3, task="boil", variation=11, mode=OFF_POLICY, seed=2**31 - 1
@@ -690,3 +692,10 @@ def test_fuzzed_frames_decode_or_raise_protocol_error_only():
             outcomes["decoded"] += 1
     assert outcomes["rejected"] > 1000  # most mutations must be caught
     assert outcomes["decoded"] + outcomes["rejected"] == 2000
+
+
+def test_weight_file_needs_an_absolute_safetensors_path():
+    ok = WeightFile(version=1, path="/dev/shm/w.safetensors", checksum="0" * 32)
+    assert decode(encode(ok)) == ok
+    for path in ("relative/w.safetensors", "/etc/passwd"):
+        assert reject(encode(WeightFile(version=1, path=path, checksum="0" * 32))).reason == "invalid"
