@@ -169,15 +169,23 @@ class ActorProcess:
             time.sleep(reply.retry_after_s if isinstance(reply, Wait) else 1.0)
 
     def _generate(self, prompt_ids: np.ndarray, seed: int) -> GenerateResponse:
-        client = next(self._next_policy)
+        """Round-robin over the policy servers; a server that times out is skipped for the retry."""
         request = GenerateRequest(
             request_id=f"{self.actor_id}-{next(self._request_ids)}", prompt_token_ids=prompt_ids,
             max_tokens=self.acfg.max_action_tokens, temperature=self.acfg.temperature, seed=seed, stop=["\n"],
         )
-        response = self._call_with_retry(client, request)
-        self.metrics.messages_in.labels(response.KIND).inc()
-        self.metrics.policy_version.set(response.policy_version)
-        return response
+        for attempt in itertools.count(1):
+            client = next(self._next_policy)
+            try:
+                response = client.call(request)
+            except RequestTimeout as exc:
+                self.metrics.errors.labels("timeout").inc()
+                log.warning("%s (attempt %d); retrying on the next server", exc, attempt)
+                continue
+            self.metrics.messages_out.labels(request.KIND).inc()
+            self.metrics.messages_in.labels(response.KIND).inc()
+            self.metrics.policy_version.set(response.policy_version)
+            return response
 
     def _retrieve(self, task: str, variation: int, state: str):
         """(tips, n), or None when the memory service is unreachable. After a failure the actor
@@ -208,7 +216,7 @@ class ActorProcess:
             self.memory.call(report)
             self.metrics.messages_out.labels(report.KIND).inc()
         except (RequestTimeout, RemoteError) as exc:  # memory is best effort; the buffer is not
-            self.metrics.memory_fallbacks.inc()
+            self.metrics.errors.labels("memory_report").inc()
             log.warning("episode report not delivered to memory: %s", exc)
 
     def _call_with_retry(self, client: Client, msg, retries: int = 1_000_000):

@@ -187,6 +187,9 @@ class BufferLog:
 
 class BufferProcess:
     def __init__(self, cfg: PipelineConfig, variations: dict[str, list[int]]):
+        if cfg.replay_buffer.max_ready_groups < cfg.learner.groups_per_step:
+            raise ValueError(f"replay_buffer.max_ready_groups ({cfg.replay_buffer.max_ready_groups}) < learner.groups_per_step "
+                             f"({cfg.learner.groups_per_step}): the learner would wait forever for a full batch")
         self.cfg = cfg
         self.buffer = ReplayBuffer(cfg.replay_buffer, variations, cfg.seed)
         self.metrics = ReplayBufferMetrics()

@@ -516,3 +516,12 @@ def test_records_appended_after_a_torn_tail_survive_the_next_restart(log_path, o
     second_restart = make_buffer(group_size=2)
     BufferLog.replay(log_path, second_restart)
     assert list(second_restart.ready) == ["g"]
+
+
+def test_buffer_process_refuses_a_backpressure_bound_below_the_batch(tmp_path):
+    from common.config import load_config
+    from learner.replay_buffer import BufferProcess
+
+    cfg = load_config([f"run_dir={tmp_path}", "replay_buffer.max_ready_groups=1", "learner.groups_per_step=2"])
+    with pytest.raises(ValueError, match="max_ready_groups"):
+        BufferProcess(cfg, {"find-living-thing": [0, 1]})
