@@ -11,7 +11,9 @@ class PolicyServerConfig:
     device: str = "auto"  # "auto" | "cpu" | "cuda"; "cuda" without a GPU fails at start-up
     dtype: str = "auto"  # "auto" = float32 on CPU (bf16 is ~5x slower on AVX2), bfloat16 on GPU
     max_model_len: int = 2048  # prompt + response tokens per request
-    gpu_memory_utilization: float = 0.3  # on CPU: the share of host memory vLLM reserves for KV
+    gpu_memory_utilization: float = 0.3  # GPU: the share of device memory vLLM may use
+    cpu_kv_cache_gib: int = 1  # CPU: host memory for the KV cache (1 GiB = ~23k tokens of the 135M model);
+    #                           vLLM's own CPU default takes a share of all RAM per engine (OOM with two)
     tensor_parallel_size: int = 1  # >1 needs as many GPUs (vLLM's native tensor parallelism)
     enforce_eager: bool = True  # CUDA graphs cost start-up time; worth it only on long GPU runs
     weight_sync: str = "zmq"  # "zmq": tensor frames over the socket (any host); "nccl": GPU-only
@@ -24,6 +26,8 @@ class PolicyServerConfig:
 @dataclass
 class EnvActorConfig:
     index: int = 0  # this actor's number (set per process): its id and metrics port
+    envs_per_actor: int = 1  # ScienceWorld envs (one JVM and one thread each) played concurrently by one process
+    server_selection: str = "least_loaded"  # "least_loaded" (fewest requests in flight from this process) | "round_robin"
     max_steps: int = 30  # step limit per episode
     history_window: int = 4  # past (action, observation) pairs shown in the prompt
     max_action_tokens: int = 32  # generation cap for an action

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -126,21 +127,49 @@ def open_episode_runner(cfg: PipelineConfig) -> EpisodeRunner:
     return EpisodeRunner(env, PromptBuilder(tokenizer, acfg.history_window), acfg.max_steps)
 
 
+class ServerChooser:
+    """Which policy server gets the next request: the one with the fewest requests in flight from
+    this process (ties and "round_robin" rotate). Shared by the env threads of one process."""
+
+    def __init__(self, num_servers: int, policy: str):
+        if policy not in ("least_loaded", "round_robin"):
+            raise ValueError(f"env_actor.server_selection must be least_loaded|round_robin, got {policy!r}")
+        self.in_flight = [0] * num_servers
+        self.policy = policy
+        self._turn = itertools.count()
+        self._lock = threading.Lock()
+
+    def acquire(self) -> int:
+        with self._lock:
+            start = next(self._turn) % len(self.in_flight)
+            order = [(start + k) % len(self.in_flight) for k in range(len(self.in_flight))]
+            index = min(order, key=lambda i: self.in_flight[i]) if self.policy == "least_loaded" else start
+            self.in_flight[index] += 1
+            return index
+
+    def release(self, index: int) -> None:
+        with self._lock:
+            self.in_flight[index] -= 1
+
+
 class ActorProcess:
-    def __init__(self, cfg: PipelineConfig):
+    """One env's episode loop and its sockets (ZeroMQ sockets are per thread)."""
+
+    def __init__(self, cfg: PipelineConfig, metrics: EnvActorMetrics | None = None, slot: int = 0,
+                 chooser: ServerChooser | None = None):
         self.cfg, self.acfg = cfg, cfg.env_actor
-        self.actor_id = f"actor{self.acfg.index}"
-        self.metrics = EnvActorMetrics()
+        self.actor_id = f"actor{self.acfg.index}" + (f".{slot}" if slot else "")
+        self.metrics = metrics or EnvActorMetrics()
         ctx = zmq.Context.instance()
         self.buffer = Client(ctx, cfg.endpoints.replay_buffer, self.acfg.buffer_timeout_s)
         self.memory = Client(ctx, cfg.endpoints.memory_service, self.acfg.memory_timeout_s)
         self.policies = [Client(ctx, ep, self.acfg.generate_timeout_s) for ep in cfg.endpoints.policy_servers]
-        self._next_policy = itertools.cycle(self.policies)
+        self.chooser = chooser or ServerChooser(len(self.policies), self.acfg.server_selection)
         self._request_ids = itertools.count()
         self._memory_down_until = 0.0  # monotonic time until which retrieval is skipped
 
-    def run(self) -> None:
-        runner = open_episode_runner(self.cfg)
+    def run(self, runner: EpisodeRunner | None = None) -> None:
+        runner = runner or open_episode_runner(self.cfg)
         try:
             for client in [self.buffer, *self.policies]:
                 pong = wait_until_ready(client, self.actor_id, self.acfg.startup_timeout_s,
@@ -169,19 +198,21 @@ class ActorProcess:
             time.sleep(reply.retry_after_s if isinstance(reply, Wait) else 1.0)
 
     def _generate(self, prompt_ids: np.ndarray, seed: int) -> GenerateResponse:
-        """Round-robin over the policy servers; a server that times out is skipped for the retry."""
+        """On the server the chooser picks; after a timeout the retry goes to the next one."""
         request = GenerateRequest(
             request_id=f"{self.actor_id}-{next(self._request_ids)}", prompt_token_ids=prompt_ids,
             max_tokens=self.acfg.max_action_tokens, temperature=self.acfg.temperature, seed=seed, stop=["\n"],
         )
         for attempt in itertools.count(1):
-            client = next(self._next_policy)
+            index = self.chooser.acquire()
             try:
-                response = client.call(request)
+                response = self.policies[index].call(request)
             except RequestTimeout as exc:
                 self.metrics.errors.labels("timeout").inc()
                 log.warning("%s (attempt %d); retrying on the next server", exc, attempt)
                 continue
+            finally:
+                self.chooser.release(index)
             self.metrics.messages_out.labels(request.KIND).inc()
             self.metrics.messages_in.labels(response.KIND).inc()
             self.metrics.policy_version.set(response.policy_version)
@@ -243,8 +274,41 @@ class ActorProcess:
             m.step_seconds.observe(s)
 
 
+class ActorPool:
+    """An env actor process: env_actor.envs_per_actor episode loops in threads, one ScienceWorld
+    JVM each, sharing the metrics and the server chooser. While one env waits on generation the
+    others step, so one process keeps several episodes in flight."""
+
+    def __init__(self, cfg: PipelineConfig):
+        self.metrics = EnvActorMetrics()
+        chooser = ServerChooser(len(cfg.endpoints.policy_servers), cfg.env_actor.server_selection)
+        self.actors = [ActorProcess(cfg, self.metrics, slot, chooser) for slot in range(cfg.env_actor.envs_per_actor)]
+
+    def run(self) -> None:
+        if len(self.actors) == 1:
+            return self.actors[0].run()
+        failures: list[BaseException] = []
+
+        # built one after the other: transformers' lazy imports are not thread-safe
+        runners = [open_episode_runner(actor.cfg) for actor in self.actors]
+
+        def play(actor: ActorProcess, runner: EpisodeRunner) -> None:
+            try:
+                actor.run(runner)
+            except BaseException as exc:  # noqa: BLE001  (reported below: the process must end)
+                failures.append(exc)
+                log.exception("%s stopped", actor.actor_id)
+
+        threads = [threading.Thread(target=play, args=(a, r), name=a.actor_id, daemon=True) for a, r in zip(self.actors, runners)]
+        for t in threads:
+            t.start()
+        while all(t.is_alive() for t in threads):
+            time.sleep(0.5)
+        raise RuntimeError(f"an env thread stopped: {failures[0] if failures else 'unknown'}")
+
+
 def main(argv: list[str] | None = None) -> None:
-    run_role(argv, "env_actor", ActorProcess, index=lambda cfg: cfg.env_actor.index)
+    run_role(argv, "env_actor", ActorPool, index=lambda cfg: cfg.env_actor.index)
 
 
 if __name__ == "__main__":
