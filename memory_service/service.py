@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 import zmq
+from threadpoolctl import threadpool_limits
 
 from common.config import PipelineConfig
 from common.metrics import MemoryServiceMetrics
@@ -58,6 +59,9 @@ class MemoryService:
         self.metrics = MemoryServiceMetrics()
         self.store = MemoryStore(cfg.run_path(self.mcfg.db_file), self.mcfg.capacity)
         self.embedder = Embedder(self.mcfg.embedder)
+        # One BLAS thread for the vector search: with two, OpenBLAS's spinning threads fight torch's
+        # embedding threads for the cores (benchmarks/README.md: query p50 43.9 -> 16.4 ms at 10k).
+        threadpool_limits(limits=1, user_api="blas")
         self.reports: queue.Queue[EpisodeReport] = queue.Queue()
         memories, entries = self.store.stats()
         self.metrics.memories.set(memories)
