@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 EMBEDDED_EMBEDDER = "embedded:all-MiniLM-L6-v2"
+REFLECTION_SYSTEM = "You review an agent's attempt at a ScienceWorld task and write one short lesson for its next attempt."
+REFLECTION_INSTRUCTION = (
+    "In one sentence of under 100 words, say what happened in this attempt, how far it was from "
+    "completing the task, and what to do differently next time."
+)
 
 
 @dataclass
@@ -14,6 +19,9 @@ class MemoryServiceConfig:
     top_k: int = 10  # memories returned per query, highest episode score first
     capacity: int = 1000  # FIFO cap per memory
     key: str = "task_variation"  # one memory per "task_variation" | "task" | "global"
+    reflection_system: str = REFLECTION_SYSTEM  # system prompt of the reflection request
+    reflection_instruction: str = REFLECTION_INSTRUCTION  # closes the user turn, after the attempt
+    reflection_steps_shown: int = 12  # the last N (state, action) steps of the episode are shown
     reflection_max_tokens: int = 128
     reflection_temperature: float = 0.7
     reflection_timeout_s: float = 300.0

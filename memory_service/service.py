@@ -28,6 +28,7 @@ from common.metrics import MemoryServiceMetrics
 from common.model_prep import resolve_model
 from common.process import run_role
 from common.server import serve_requests
+from memory_service.config import MemoryServiceConfig
 from memory_service.embedder import Embedder
 from memory_service.store import Entry, MemoryStore, memory_key
 from protocol import Client
@@ -35,18 +36,13 @@ from protocol.messages import Ack, EpisodeReport, ErrorReply, GenerateRequest, M
 
 log = logging.getLogger("memory_service")
 
-REFLECTION_SYSTEM = "You review an agent's attempt at a ScienceWorld task and write one short lesson for its next attempt."
-REFLECTION_INSTRUCTION = (
-    "In one sentence of under 100 words, say what happened in this attempt, how far it was from "
-    "completing the task, and what to do differently next time."
-)
-
-
-def reflection_messages(report: EpisodeReport, max_steps_shown: int = 12) -> list[dict]:
-    steps = list(zip(report.actions, report.observations))[-max_steps_shown:]
+def reflection_messages(report: EpisodeReport, mcfg: MemoryServiceConfig | None = None) -> list[dict]:
+    """The chat the policy answers with its reflection (prompts from memory_service config)."""
+    mcfg = mcfg or MemoryServiceConfig()
+    steps = list(zip(report.actions, report.observations))[-mcfg.reflection_steps_shown :]
     lines = "\n".join(f"{i + 1}. state: {obs.strip()[:160]!r} -> action: {act}" for i, (act, obs) in enumerate(steps))
-    user = f"Task: {report.task_description}\nAttempt:\n{lines}\nFinal score: {report.score:.0f}/100.\n\n{REFLECTION_INSTRUCTION}"
-    return [{"role": "system", "content": REFLECTION_SYSTEM}, {"role": "user", "content": user}]
+    user = f"Task: {report.task_description}\nAttempt:\n{lines}\nFinal score: {report.score:.0f}/100.\n\n{mcfg.reflection_instruction}"
+    return [{"role": "system", "content": mcfg.reflection_system}, {"role": "user", "content": user}]
 
 
 def tip_text(reflection: str, action: str, score: float) -> str:
@@ -116,7 +112,7 @@ class MemoryService:
             self.metrics.reflection_batch.observe(len(reports))
             t0 = time.perf_counter()
             for client, report in zip(clients, reports):
-                text = tokenizer.apply_chat_template(reflection_messages(report), tokenize=False, add_generation_prompt=True)
+                text = tokenizer.apply_chat_template(reflection_messages(report, self.mcfg), tokenize=False, add_generation_prompt=True)
                 rid = next(request_ids)
                 client.send(GenerateRequest(
                     request_id=f"reflect-{rid}", prompt_token_ids=np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32),
