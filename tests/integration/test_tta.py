@@ -22,13 +22,18 @@ TIMEOUT_S = 900
 TASK = "find-animal"
 
 
+def _state(proc_dir: Path) -> str:
+    """The process state letter from /proc/<pid>/stat (after the parenthesised command name)."""
+    return (proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def _sessions_alive(sids: list[int]) -> list[str]:
     """Processes still in any of these sessions (a started role, its vLLM workers, a JVM)."""
     alive = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if os.getsid(int(entry.name)) in sids:
+                if os.getsid(int(entry.name)) in sids and _state(entry) != "Z":  # a zombie has ended already
                     alive.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
             except (ProcessLookupError, PermissionError, FileNotFoundError):
                 pass  # ended while we looked
