@@ -118,5 +118,6 @@ class LearnerMetrics(RoleMetrics):
                 "logprob_mismatch_max_nats": "Max |vLLM - learner| log-prob on same-version on-policy tokens",
                 "staleness_mean_versions": "Mean policy-version lag of the batch",
                 "episode_score_mean": "Mean final score of the batch's episodes",
+                "lr": "Learning rate of the last step",
             }.items()
         }

@@ -23,7 +23,9 @@ class LearnerConfig:
     total_steps: int = 3  # optimizer steps; the policy version rises by one per step
     groups_per_step: int = 1  # complete GRPO groups per batch
     max_staleness: int = 4  # groups generated more than this many versions ago are dropped
-    lr: float = 1e-6
+    lr: float = 1e-6  # peak learning rate (AdamW)
+    lr_schedule: str = "constant"  # "constant" | "linear" | "cosine": decay from lr to 0 over total_steps, after warm-up
+    warmup_steps: int = 0  # steps of linear warm-up from lr / warmup_steps up to lr
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     clip_low: float = 0.2  # ratio clipped to [1 - clip_low, 1 + clip_high]

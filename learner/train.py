@@ -31,6 +31,7 @@ from common.process import run_role
 from learner.checkpoint import list_checkpoints, load_trainer_state, save_checkpoint
 from learner.config import LearnerConfig
 from learner.loss import ClipConfig, clipped_policy_loss, entropy, kl_k3, low_probability_mask
+from learner.optim import build_optimizer
 from learner.policy_model import load_policy, response_log_softmax, response_logprobs
 from learner.samples import GiGPO, TurnSample, build_samples
 from learner.weight_push import build_chunks, push_weight_file, push_weights, weight_tensors, write_weight_file
@@ -56,13 +57,15 @@ class StepStats:
     behaviour_weight_capped_fraction: float  # decoupled PPO: tokens dropped over the cap
     entropy_mean: float  # mean policy entropy at response positions (0 unless entropy_coef)
     kl_mean: float  # mean k3 KL to the initial policy (0 unless kl_coef)
+    lr: float  # learning rate of this step (learner.lr times the schedule's factor)
     advantage_abs_mean: float
     logprob_mismatch_mean_nats: float  # |vLLM - learner| on same-version, same-prompt tokens
     logprob_mismatch_max_nats: float
     mismatch_tokens: int
 
 
-def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, version: int, ref_model=None) -> StepStats:
+def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, version: int, ref_model=None,
+               scheduler=None) -> StepStats:
     """One optimizer step over all samples: the token mean of the EMPO2 loss.
 
     Samples are processed one at a time (activations of one sequence in memory) with their loss
@@ -118,6 +121,9 @@ def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, 
                 p.grad.div_(kept_tokens)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
         optimizer.step()
+    lr = optimizer.param_groups[0]["lr"]
+    if scheduler is not None:  # one schedule step per policy version, even when every sample was masked
+        scheduler.step()
     def cat(xs: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat(xs) if xs else torch.zeros(1)
 
@@ -129,7 +135,7 @@ def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, 
         approx_kl=float(cat(diags["approx_kl"]).mean()),
         behaviour_weight_mean=float(cat(diags["behaviour_weight"]).mean()),
         behaviour_weight_capped_fraction=float(cat(diags["behaviour_weight_capped"]).mean()),
-        entropy_mean=float(cat(diags["entropy"]).mean()), kl_mean=float(cat(diags["kl"]).mean()),
+        entropy_mean=float(cat(diags["entropy"]).mean()), kl_mean=float(cat(diags["kl"]).mean()), lr=lr,
         advantage_abs_mean=float(np.mean([abs(s.advantage) for s in samples])) if samples else 0.0,
         logprob_mismatch_mean_nats=float(mism.mean()), logprob_mismatch_max_nats=float(mism.max()),
         mismatch_tokens=sum(m.numel() for m in mismatch),
@@ -147,12 +153,12 @@ class Learner:
         resume_from = list_checkpoints(self.checkpoints)[-1:] if self.lcfg.resume else []
         self.model_path = str(resume_from[0]) if resume_from else resolve_model(cfg.model.name, cfg.model.cache_dir or None)
         self.model, self.tokenizer = load_policy(self.model_path)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lcfg.lr, weight_decay=self.lcfg.weight_decay)
+        self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), self.lcfg)
         if self.lcfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         # the KL reference is the policy the learner starts from (frozen)
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if self.lcfg.kl_coef else None
-        self.version = load_trainer_state(resume_from[0], self.optimizer) if resume_from else 0  # +1 per step
+        self.version = load_trainer_state(resume_from[0], self.optimizer, self.scheduler) if resume_from else 0  # +1 per step
         if resume_from:
             log.info("resumed from %s at policy version %d", resume_from[0], self.version)
         ctx = zmq.Context.instance()
@@ -179,7 +185,7 @@ class Learner:
             batch = self.next_batch()
             t0 = time.perf_counter()
             samples = build_samples(batch.trajectories, self.lcfg.score_scale, self.lcfg.intrinsic_coef, self.lcfg.adv_eps, self.gigpo)
-            stats = train_step(self.model, self.optimizer, samples, self.lcfg, self.version, self.ref_model)
+            stats = train_step(self.model, self.optimizer, samples, self.lcfg, self.version, self.ref_model, self.scheduler)
             self.version += 1
             step_s = time.perf_counter() - t0
             push_s = self.push()
@@ -232,13 +238,14 @@ class Learner:
                 gauge.set(record[name])
         self.history.append(record)
         log.info("step %d: loss=%.4f samples=%d (masked %d) tokens=%d score=%.1f ratio=%.3f clip=%.3f "
-                 "mismatch=%.2e/%.2e nats step=%.1fs push=%.1fs", self.version, stats.loss, stats.samples,
+                 "mismatch=%.2e/%.2e nats lr=%.2e step=%.1fs push=%.1fs", self.version, stats.loss, stats.samples,
                  stats.samples_masked, stats.tokens, record["episode_score_mean"], stats.ratio_mean,
-                 stats.clip_fraction, stats.logprob_mismatch_mean_nats, stats.logprob_mismatch_max_nats, step_s, push_s)
+                 stats.clip_fraction, stats.logprob_mismatch_mean_nats, stats.logprob_mismatch_max_nats, stats.lr, step_s, push_s)
 
     def save_checkpoint(self) -> str:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
-        return str(save_checkpoint(self.checkpoints, self.version, self.model, self.tokenizer, self.optimizer, self.lcfg.keep_checkpoints))
+        return str(save_checkpoint(self.checkpoints, self.version, self.model, self.tokenizer, self.optimizer, self.scheduler,
+                                   self.lcfg.keep_checkpoints))
 
     def finish(self) -> dict:
         summary = {"steps": self.version, "policy_version": self.version, "final_checkpoint": self.save_checkpoint(), "history": self.history}

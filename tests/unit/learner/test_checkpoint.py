@@ -1,5 +1,6 @@
 """Resume: a run stopped after step k and resumed from its checkpoint takes exactly the step k+1
-an uninterrupted run takes (same loss, same weights); retention keeps the newest checkpoints."""
+an uninterrupted run takes (same loss, same learning rate, same weights), also under a warm-up +
+cosine schedule; retention keeps the newest checkpoints."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from tokenizers import Tokenizer, models
 
 from learner.checkpoint import list_checkpoints, load_trainer_state, save_checkpoint
 from learner.config import LearnerConfig
+from learner.optim import build_optimizer
 from learner.samples import TurnSample
 from learner.train import train_step
 from protocol.messages import ON_POLICY
 
-CFG = LearnerConfig(lr=1e-2)
+CFG = LearnerConfig(lr=1e-2, lr_schedule="cosine", warmup_steps=2, total_steps=5)
 
 
 def _model() -> LlamaForCausalLM:
@@ -39,25 +41,22 @@ def _samples(step: int) -> list[TurnSample]:
     return out
 
 
-def _optimizer(model):
-    return torch.optim.AdamW(model.parameters(), lr=CFG.lr)
-
-
-@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("k", [1, 3])
 def test_resumed_step_equals_uninterrupted_step(tmp_path, k):
     model = _model()
-    optimizer = _optimizer(model)
-    for step in range(k):
-        train_step(model, optimizer, _samples(step), CFG, version=step)
-    save_checkpoint(tmp_path, k, model, _tokenizer(), optimizer, keep_last=2)
-    uninterrupted = train_step(model, optimizer, _samples(k), CFG, version=k)
+    optimizer, scheduler = build_optimizer(model.parameters(), CFG)
+    lrs = [train_step(model, optimizer, _samples(step), CFG, step, scheduler=scheduler).lr for step in range(k)]
+    save_checkpoint(tmp_path, k, model, _tokenizer(), optimizer, scheduler, keep_last=2)
+    uninterrupted = train_step(model, optimizer, _samples(k), CFG, version=k, scheduler=scheduler)
+    assert uninterrupted.lr != lrs[-1]  # the schedule moves at the resumed step (warm-up at k=1, decay at k=3)
 
     (path,) = list_checkpoints(tmp_path)
     resumed_model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)
-    resumed_optimizer = _optimizer(resumed_model)
-    assert load_trainer_state(path, resumed_optimizer) == k
-    resumed = train_step(resumed_model, resumed_optimizer, _samples(k), CFG, version=k)
+    resumed_optimizer, resumed_scheduler = build_optimizer(resumed_model.parameters(), CFG)
+    assert load_trainer_state(path, resumed_optimizer, resumed_scheduler) == k
+    resumed = train_step(resumed_model, resumed_optimizer, _samples(k), CFG, version=k, scheduler=resumed_scheduler)
 
+    assert resumed.lr == uninterrupted.lr
     assert resumed.loss == pytest.approx(uninterrupted.loss, abs=1e-7)
     for (name, a), b in zip(model.state_dict().items(), resumed_model.state_dict().values()):
         torch.testing.assert_close(a, b, msg=name)  # Adam's moments were restored too
@@ -65,8 +64,8 @@ def test_resumed_step_equals_uninterrupted_step(tmp_path, k):
 
 def test_retention_keeps_the_newest_complete_checkpoints(tmp_path):
     model = _model()
-    optimizer = _optimizer(model)
+    optimizer, scheduler = build_optimizer(model.parameters(), CFG)
     for version in (1, 2, 3, 4):
-        save_checkpoint(tmp_path, version, model, _tokenizer(), optimizer, keep_last=2)
+        save_checkpoint(tmp_path, version, model, _tokenizer(), optimizer, scheduler, keep_last=2)
     (tmp_path / "step_000009").mkdir()  # incomplete (no trainer state): never listed
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000003", "step_000004"]
