@@ -35,6 +35,7 @@ class LearnerConfig:
     behaviour_weight_cap: float = 5.0  # decoupled: tokens with πprox/πbehaviour above this are dropped
     entropy_coef: float = 0.0  # β_H: entropy bonus (off in the paper)
     kl_coef: float = 0.0  # β_KL: k3 KL to the initial policy, kept frozen in memory (off in the paper)
+    micro_batch_tokens: int = 4096  # padded tokens per forward pass: samples sorted by length, batched up to this; 1 = one at a time
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, more time
     low_prob_threshold: float = -5.0  # drop a tip-rollout turn whose min tip-free log-prob is below
     intrinsic_coef: float = 1.0  # r_int = coef / (n + 1) in tip modes
@@ -47,8 +48,11 @@ class LearnerConfig:
     checkpoint_every: int = 0  # 0 = only at the end
     keep_checkpoints: int = 3  # retention: the newest N complete checkpoints are kept
     resume: bool = True  # start from the newest checkpoint in run_dir/checkpoints, if any
-    weight_sync: str = "zmq"  # "zmq": tensor frames over the socket (any host) | "file": one safetensors file in weight_dir
-    weight_dir: str = "/dev/shm"  # "file" sync: shared memory on one host, or a filesystem the servers share
+    weight_sync: str = "zmq"  # how servers get new weights: "zmq" frames (any host) | "shm" a file in weight_dir (one host)
+    #                           | "checkpoint" the HF checkpoint written at each push (shared filesystem) | "nccl" (GPU hosts)
+    weight_dir: str = "/dev/shm"  # "shm" sync: where the weight file is written (shared memory)
+    nccl_address: str = "127.0.0.1"  # "nccl" sync: the learner's rendezvous address, reachable by the servers
+    nccl_port: int = 29600  # "nccl" sync: rendezvous port of the first server's group (+i for server i)
     weight_chunk_bytes: int = 64 << 20  # "zmq" sync: weight push message size
     push_timeout_s: float = 300.0
     batch_poll_s: float = 2.0  # wait between batch requests while groups are incomplete

@@ -2,6 +2,8 @@
 
 The vocabulary projection is applied to the response positions alone: over a ~500-token prompt
 and a ≤32-token response that avoids >90% of the lm_head work and of the [L, V] logits memory.
+Several (prompt, response) sequences are scored as one right-padded batch (learner/train.py
+forms the micro-batches).
 """
 
 from __future__ import annotations
@@ -17,16 +19,33 @@ def load_policy(model_path: str, device: str = "cpu"):
     return model, tokenizer
 
 
-def response_log_softmax(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor) -> torch.Tensor:
-    """log πθ(· | prompt, response_<t) over the vocabulary at each response position: [T, V]."""
-    prompt_len = prompt_ids.numel()
-    input_ids = torch.cat([prompt_ids, response_ids])[None]
-    hidden = model.get_decoder()(input_ids=input_ids).last_hidden_state[0]  # [P+T, H]
-    # the hidden state at position j predicts token j+1: positions P-1 .. P+T-2 predict the response
-    logits = model.get_output_embeddings()(hidden[prompt_len - 1 : -1]).float()  # [T, V]
+def batch_log_softmax(model, prompts: list[torch.Tensor], responses: list[torch.Tensor]) -> torch.Tensor:
+    """log πθ(· | prompt_b, response_b,<t) over the vocabulary at every response position of every
+    sequence b, concatenated in order: [ΣT_b, V].
+
+    The sequences run as one right-padded batch. Under causal attention a position never attends
+    to the padding after it, so each sequence's rows equal its own unpadded forward.
+    """
+    lengths = [p.numel() + r.numel() for p, r in zip(prompts, responses)]
+    width = max(lengths)
+    input_ids = prompts[0].new_zeros(len(prompts), width)  # [B, L]
+    attention_mask = torch.zeros_like(input_ids)
+    rows = []
+    for b, (prompt, response) in enumerate(zip(prompts, responses)):
+        input_ids[b, : lengths[b]] = torch.cat([prompt, response])
+        attention_mask[b, : lengths[b]] = 1
+        # the hidden state at position j predicts token j+1: positions P-1 .. P+T-2 predict the response
+        rows.append(torch.arange(prompt.numel() - 1, lengths[b] - 1, device=input_ids.device) + b * width)
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, L, H]
+    logits = model.get_output_embeddings()(hidden.flatten(0, 1)[torch.cat(rows)]).float()  # [ΣT, V]
     return torch.log_softmax(logits, dim=-1)
 
 
+def token_logprobs(log_softmax: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """[N, V] log-probs, [N] tokens -> [N] log-prob of each token."""
+    return log_softmax.gather(-1, tokens[:, None]).squeeze(-1)
+
+
 def response_logprobs(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor) -> torch.Tensor:
-    """log πθ(response_t | prompt, response_<t) for each response token: [T]."""
-    return response_log_softmax(model, prompt_ids, response_ids).gather(-1, response_ids[:, None]).squeeze(-1)
+    """log πθ(response_t | prompt, response_<t) for each response token of one sequence: [T]."""
+    return token_logprobs(batch_log_softmax(model, [prompt_ids], [response_ids]), response_ids)

@@ -32,7 +32,7 @@ from learner.checkpoint import list_checkpoints, load_trainer_state, save_checkp
 from learner.config import LearnerConfig
 from learner.loss import ClipConfig, clipped_policy_loss, entropy, kl_k3, low_probability_mask
 from learner.optim import build_optimizer
-from learner.policy_model import load_policy, response_log_softmax, response_logprobs
+from learner.policy_model import batch_log_softmax, load_policy, token_logprobs
 from learner.samples import GiGPO, TurnSample, build_samples
 from learner.weight_push import build_chunks, push_weight_file, push_weights, weight_tensors, write_weight_file
 from protocol import Client
@@ -64,51 +64,83 @@ class StepStats:
     mismatch_tokens: int
 
 
+def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Bucketing: sequence indices sorted by length and grouped so that each right-padded
+    micro-batch holds at most `budget` tokens (its size times its longest length); a sequence
+    longer than the budget goes alone, so budget 1 scores one sequence at a time."""
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if batches and (len(batches[-1]) + 1) * lengths[i] <= budget:  # sorted: i is the longest so far
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def score_without_grad(model, pairs: list[tuple[np.ndarray, np.ndarray]], budget: int) -> list[torch.Tensor]:
+    """[T_j] log-probs of each (prompt, response) pair under `model`, in micro-batches, no graph."""
+    device = next(model.parameters()).device
+    out: list[torch.Tensor] = [torch.empty(0)] * len(pairs)
+    with torch.no_grad():
+        for mb in micro_batches([len(p) + len(r) for p, r in pairs], budget):
+            prompts = [_ids(pairs[j][0], device) for j in mb]
+            responses = [_ids(pairs[j][1], device) for j in mb]
+            logp = token_logprobs(batch_log_softmax(model, prompts, responses), torch.cat(responses))
+            for j, lp in zip(mb, logp.split([r.numel() for r in responses])):
+                out[j] = lp
+    return out
+
+
+def _ids(tokens: np.ndarray, device) -> torch.Tensor:
+    return torch.from_numpy(tokens.astype(np.int64)).to(device)
+
+
 def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, version: int, ref_model=None,
                scheduler=None) -> StepStats:
     """One optimizer step over all samples: the token mean of the EMPO2 loss.
 
-    Samples are processed one at a time (activations of one sequence in memory) with their loss
-    *sums* back-propagated; the gradients are divided by the number of kept tokens at the end,
-    which is exactly the token mean without knowing the low-probability mask in advance.
+    Samples are scored in micro-batches of at most cfg.micro_batch_tokens padded tokens, sorted
+    by length. Each micro-batch's loss *sum* is back-propagated; the gradients are divided by the
+    number of kept tokens at the end, which is exactly the token mean without knowing the
+    low-probability mask in advance (it is decided per sample after its forward).
     """
     clip = ClipConfig(cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+    device = next(model.parameters()).device
     model.train()
     optimizer.zero_grad(set_to_none=True)
+    # samples scored with tips: the mask needs their tip-free log-probs (the others' come with the update pass)
+    tip_scored = [i for i, s in enumerate(samples) if s.with_tips and s.mode == ON_POLICY_TIPS]
+    tipfree = score_without_grad(model, [(samples[i].tipfree_prompt, samples[i].response) for i in tip_scored], cfg.micro_batch_tokens)
+    tipfree_min = {i: float(lp.min()) for i, lp in zip(tip_scored, tipfree)}
+    ref_logp = score_without_grad(ref_model, [(s.update_prompt, s.response) for s in samples], cfg.micro_batch_tokens) if ref_model else None
     loss_sum, kept_tokens, masked = 0.0, 0, 0
     diags: dict[str, list[torch.Tensor]] = defaultdict(list)
     mismatch: list[torch.Tensor] = []
-    for s in samples:
-        response = torch.from_numpy(s.response.astype(np.int64))
-        update_prompt = torch.from_numpy(s.update_prompt.astype(np.int64))
-        if cfg.entropy_coef:
-            log_softmax = response_log_softmax(model, update_prompt, response)
-            logp = log_softmax.gather(-1, response[:, None]).squeeze(-1)
-        else:
-            logp = response_logprobs(model, update_prompt, response)
-        if s.with_tips and s.mode == ON_POLICY_TIPS:  # scored with tips: the mask needs a tip-free pass
-            with torch.no_grad():
-                tipfree_logp = response_logprobs(model, torch.from_numpy(s.tipfree_prompt.astype(np.int64)), response)
-        else:
-            tipfree_logp = logp.detach()
-        behaviour = torch.from_numpy(s.behaviour_logp.astype(np.float32))
-        if s.policy_version == version and s.update_is_behaviour_prompt:
-            mismatch.append((logp.detach() - behaviour).abs())
-        if not low_probability_mask(float(tipfree_logp.min()), s.with_tips, cfg.low_prob_threshold):
-            masked += 1
-            continue
-        advantages = torch.full_like(logp, s.advantage)
+    for mb in micro_batches([len(s.update_prompt) + len(s.response) for s in samples], cfg.micro_batch_tokens):
+        batch = [samples[i] for i in mb]
+        responses = [_ids(s.response, device) for s in batch]
+        lengths = torch.tensor([r.numel() for r in responses], device=device)
+        log_softmax = batch_log_softmax(model, [_ids(s.update_prompt, device) for s in batch], responses)  # [ΣT, V]
+        logp = token_logprobs(log_softmax, torch.cat(responses))  # [ΣT]
+        behaviour = torch.from_numpy(np.concatenate([s.behaviour_logp for s in batch])).to(device)  # [ΣT]
+        kept = []
+        for i, s, lp, b in zip(mb, batch, logp.detach().split(lengths.tolist()), behaviour.split(lengths.tolist())):
+            if s.policy_version == version and s.update_is_behaviour_prompt:
+                mismatch.append((lp - b).abs())
+            kept.append(low_probability_mask(tipfree_min[i] if i in tipfree_min else float(lp.min()), s.with_tips, cfg.low_prob_threshold))
+        masked += kept.count(False)
+        keep = torch.repeat_interleave(torch.tensor(kept, device=device), lengths)  # [ΣT] tokens of kept samples
+        advantages = torch.repeat_interleave(torch.tensor([s.advantage for s in batch], dtype=torch.float32, device=device), lengths)
+        logp, behaviour, advantages = logp[keep], behaviour[keep], advantages[keep]
         # one optimizer step per batch: the proximal policy is the current weights, detached
         proximal = logp.detach() if cfg.ratio == "decoupled" else None
         pg_loss, diag = clipped_policy_loss(logp, behaviour, advantages, clip, proximal, cfg.behaviour_weight_cap)
         loss = pg_loss
         if cfg.entropy_coef:
-            diag["entropy"] = entropy(log_softmax)
+            diag["entropy"] = entropy(log_softmax[keep])
             loss = loss - cfg.entropy_coef * diag["entropy"]
-        if ref_model is not None:
-            with torch.no_grad():
-                ref_logp = response_logprobs(ref_model, update_prompt, response)
-            diag["kl"] = kl_k3(logp, ref_logp)
+        if ref_logp is not None:
+            diag["kl"] = kl_k3(logp, torch.cat([ref_logp[i] for i in mb])[keep])
             loss = loss + cfg.kl_coef * diag["kl"]
         loss.sum().backward()
         loss_sum += float(loss.detach().sum())
@@ -125,7 +157,8 @@ def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, 
     if scheduler is not None:  # one schedule step per policy version, even when every sample was masked
         scheduler.step()
     def cat(xs: list[torch.Tensor]) -> torch.Tensor:
-        return torch.cat(xs) if xs else torch.zeros(1)
+        x = torch.cat(xs) if xs else torch.zeros(0)
+        return x if x.numel() else torch.zeros(1)
 
     ratio, mism = cat(diags["ratio"]), cat(mismatch)
     return StepStats(

@@ -253,13 +253,13 @@ def _expected_loss(model, scored):
 def recorder(monkeypatch):
     """Record every prompt train_step scores (and whether grad was enabled)."""
     calls = []
-    real = train_mod.response_logprobs
+    real = train_mod.batch_log_softmax
 
-    def recording(model, prompt_ids, response_ids):
-        calls.append((prompt_ids.numpy().copy(), torch.is_grad_enabled()))
-        return real(model, prompt_ids, response_ids)
+    def recording(model, prompts, responses):
+        calls.extend((p.numpy().copy(), torch.is_grad_enabled()) for p in prompts)
+        return real(model, prompts, responses)
 
-    monkeypatch.setattr(train_mod, "response_logprobs", recording)
+    monkeypatch.setattr(train_mod, "batch_log_softmax", recording)
     return calls
 
 
@@ -300,12 +300,12 @@ def test_on_policy_tips_sample_scores_full_prompt_with_tips(tiny_model, recorder
 
     stats = train_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(), version=5)
 
-    # first pass: the update prompt with tips, with grad; second: the tip-free prompt for the mask
+    # the tip-free prompt for the mask, without grad (first); the update prompt with tips, with grad
     assert len(recorder) == 2
-    np.testing.assert_array_equal(recorder[0][0], with_tips)
-    assert recorder[0][1] is True
-    np.testing.assert_array_equal(recorder[1][0], base)
-    assert recorder[1][1] is False
+    np.testing.assert_array_equal(recorder[0][0], base)
+    assert recorder[0][1] is False
+    np.testing.assert_array_equal(recorder[1][0], with_tips)
+    assert recorder[1][1] is True
     assert stats.loss == pytest.approx(-2.2103418, abs=1e-4)
     assert stats.ratio_mean == pytest.approx(1.1051709, abs=1e-4)
     assert stats.clip_fraction == 0.0
