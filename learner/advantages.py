@@ -2,9 +2,12 @@
 
 Every turn of episode i gets the reward
     r_{i,t} = score_scale · score_i  +  r_int_{i,t}
-where score_i is ScienceWorld's final score (every step shares it, empo2.md) and, in tip modes
-only, r_int_{i,t} = coef / (n_{i,t} + 1) with n_{i,t} the memories retrieved for that state
-(a novelty pseudo-count). The advantage normalises within the GRPO group (the G episodes of one
+where score_i is ScienceWorld's final score (every step shares it, empo2.md) and r_int the
+intrinsic reward of learner.intrinsic_kind:
+    count  r_int_{i,t} = coef / (n_{i,t} + 1) in tip modes only (0 otherwise), with n_{i,t} the
+           memories retrieved for that state (a novelty pseudo-count; CountBonus below)
+    rnd    r_int_{i,t} = coef · RND prediction error of the state, in every mode (learner/rnd.py)
+The advantage normalises within the GRPO group (the G episodes of one
 (task, variation)) over all of its turns:
     A_{i,t} = (r_{i,t} − mean_group r) / (std_group r + eps)
 No value network.
@@ -19,6 +22,9 @@ with std normalisation or mean-only ("mean"); a state seen once has A^{step} = 0
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 
 from protocol.messages import OFF_POLICY, ON_POLICY_TIPS, Trajectory
@@ -26,12 +32,23 @@ from protocol.messages import OFF_POLICY, ON_POLICY_TIPS, Trajectory
 TIP_MODES = (ON_POLICY_TIPS, OFF_POLICY)
 
 
-def turn_rewards(traj: Trajectory, score_scale: float, intrinsic_coef: float) -> np.ndarray:
-    """[turns] reward of each turn of one episode."""
-    extrinsic = np.full(traj.num_turns, traj.score * score_scale, dtype=np.float64)
-    if traj.mode not in TIP_MODES:
-        return extrinsic
-    return extrinsic + intrinsic_coef / (traj.num_memories.astype(np.float64) + 1.0)
+IntrinsicReward = Callable[[list[Trajectory]], list[np.ndarray]]  # episodes -> [turns] r_int of each
+
+
+@dataclass
+class CountBonus:
+    """The paper's r_int = coef / (n + 1) in tip modes: n memories retrieved for the state."""
+
+    coef: float
+
+    def __call__(self, trajectories: list[Trajectory]) -> list[np.ndarray]:
+        return [self.coef / (t.num_memories.astype(np.float64) + 1.0) if t.mode in TIP_MODES else np.zeros(t.num_turns)
+                for t in trajectories]
+
+
+def turn_rewards(traj: Trajectory, score_scale: float, intrinsic: np.ndarray) -> np.ndarray:
+    """[turns] reward of each turn of one episode, given its [turns] intrinsic reward."""
+    return np.full(traj.num_turns, traj.score * score_scale, dtype=np.float64) + intrinsic
 
 
 def group_advantages(rewards: list[np.ndarray], eps: float = 1e-6) -> list[np.ndarray]:
@@ -41,9 +58,9 @@ def group_advantages(rewards: list[np.ndarray], eps: float = 1e-6) -> list[np.nd
     return [(r - mean) / (std + eps) for r in rewards]
 
 
-def discounted_returns(traj: Trajectory, score_scale: float, intrinsic_coef: float, gamma: float) -> np.ndarray:
+def discounted_returns(traj: Trajectory, score_scale: float, intrinsic: np.ndarray, gamma: float) -> np.ndarray:
     """[turns] G_t with the episode score paid at the last step and r_int at every step."""
-    rewards = turn_rewards(traj, 0.0, intrinsic_coef)  # intrinsic part only
+    rewards = np.array(intrinsic, dtype=np.float64)
     rewards[-1] += traj.score * score_scale
     returns = np.zeros_like(rewards)
     running = 0.0

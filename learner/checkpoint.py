@@ -1,5 +1,5 @@
 """Learner checkpoints: an HF directory (loadable by vLLM and transformers) plus the trainer state
-(optimizer, learning-rate schedule, policy version, RNG), written atomically, with a retention policy, and resumed so
+(optimizer, learning-rate schedule, RND bonus if any, policy version, RNG), written atomically, with a retention policy, and resumed so
 that the next step is exactly the step an uninterrupted run would have taken.
 
     <run_dir>/checkpoints/step_000042/{model.safetensors, config.json, tokenizer*, trainer_state.pt}
@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 _STATE = "trainer_state.pt"
 
 
-def save_checkpoint(root: Path, version: int, model, tokenizer, optimizer, scheduler, keep_last: int) -> Path:
+def save_checkpoint(root: Path, version: int, model, tokenizer, stateful: dict, keep_last: int) -> Path:
+    """stateful: name -> object with state_dict() (optimizer, scheduler, ...), restored by load_trainer_state."""
     path = root / f"step_{version:06d}"
     tmp = root / f".tmp_step_{version:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -30,8 +31,7 @@ def save_checkpoint(root: Path, version: int, model, tokenizer, optimizer, sched
     tokenizer.save_pretrained(tmp)
     torch.save({
         "version": version,
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
+        "stateful": {name: obj.state_dict() for name, obj in stateful.items()},
         "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
     }, tmp / _STATE)
     shutil.rmtree(path, ignore_errors=True)
@@ -49,12 +49,12 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(p for p in root.glob("step_*") if (p / _STATE).exists())
 
 
-def load_trainer_state(path: Path, optimizer, scheduler) -> int:
-    """Restore optimizer, schedule and RNG from a checkpoint (the model is loaded from `path` itself);
-    returns the policy version the checkpoint's weights are."""
+def load_trainer_state(path: Path, stateful: dict) -> int:
+    """Restore the objects saved under the same names (optimizer, schedule, ...) and the RNG from a
+    checkpoint (the model is loaded from `path` itself); returns the checkpoint's policy version."""
     state = torch.load(path / _STATE, weights_only=False)  # our own file, written by save_checkpoint
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
+    for name, obj in stateful.items():
+        obj.load_state_dict(state["stateful"][name])
     torch.set_rng_state(state["rng"]["torch"])
     np.random.set_state(state["rng"]["numpy"])
     random.setstate(state["rng"]["python"])

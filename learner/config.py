@@ -38,7 +38,14 @@ class LearnerConfig:
     micro_batch_tokens: int = 4096  # padded tokens per forward pass: samples sorted by length, batched up to this; 1 = one at a time
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, more time
     low_prob_threshold: float = -5.0  # drop a tip-rollout turn whose min tip-free log-prob is below
-    intrinsic_coef: float = 1.0  # r_int = coef / (n + 1) in tip modes
+    intrinsic_kind: str = "count"  # "count": r_int = coef / (n + 1), n memories retrieved, tip modes only (paper)
+    #                                 "rnd": r_int = coef * RND error / running std, every mode (Figure 11's alternative; learner/rnd.py)
+    intrinsic_coef: float = 1.0  # coef of r_int, either kind; 0 = no intrinsic reward
+    rnd_feature_dim: int = 1024  # rnd: size of the hashed bag-of-words/bigrams vector of an observation
+    rnd_hidden: int = 256  # rnd: hidden width of the target and predictor MLPs
+    rnd_output_dim: int = 64  # rnd: embedding size the predictor regresses
+    rnd_lr: float = 1e-3  # rnd: Adam learning rate of the predictor
+    rnd_updates: int = 1  # rnd: predictor steps on each batch's observations, after its bonuses
     score_scale: float = 0.01  # ScienceWorld scores (0..100) are scaled to 0..1 before adding r_int
     adv_eps: float = 1e-6
     advantage: str = "grpo"  # "grpo" (episode level) | "gigpo" (episode + anchor-state step level)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from learner.advantages import TIP_MODES, anchor_step_advantages, discounted_returns, group_advantages, turn_rewards
+from learner.advantages import TIP_MODES, IntrinsicReward, anchor_step_advantages, discounted_returns, group_advantages, turn_rewards
 from protocol.messages import OFF_POLICY, Trajectory
 
 
@@ -49,25 +49,28 @@ class GiGPO:
     norm: str = "std"
 
 
-def group_turn_advantages(members: list[Trajectory], score_scale: float, intrinsic_coef: float, eps: float,
+def group_turn_advantages(members: list[Trajectory], score_scale: float, intrinsic: list[np.ndarray], eps: float,
                           gigpo: GiGPO | None = None) -> list[np.ndarray]:
-    rewards = [turn_rewards(t, score_scale, intrinsic_coef) for t in members]
+    """[turns] advantage of each member, given each member's [turns] intrinsic reward."""
+    rewards = [turn_rewards(t, score_scale, r_int) for t, r_int in zip(members, intrinsic)]
     advantages = group_advantages(rewards, eps)
     if gigpo is None:
         return advantages
-    returns = [discounted_returns(t, score_scale, intrinsic_coef, gigpo.gamma) for t in members]
+    returns = [discounted_returns(t, score_scale, r_int, gigpo.gamma) for t, r_int in zip(members, intrinsic)]
     steps = anchor_step_advantages(members, returns, gigpo.norm, eps)
     return [a + gigpo.step_weight * s for a, s in zip(advantages, steps)]
 
 
-def build_samples(trajectories: list[Trajectory], score_scale: float, intrinsic_coef: float, eps: float,
+def build_samples(trajectories: list[Trajectory], score_scale: float, intrinsic: IntrinsicReward, eps: float,
                   gigpo: GiGPO | None = None) -> list[TurnSample]:
-    groups: dict[str, list[Trajectory]] = defaultdict(list)
-    for traj in trajectories:
-        groups[traj.group_id].append(traj)
+    bonus = intrinsic(trajectories)  # [turns] r_int per episode, one call per batch (RND trains on it)
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, traj in enumerate(trajectories):
+        groups[traj.group_id].append(i)
     samples = []
-    for members in groups.values():
-        for traj, advantages in zip(members, group_turn_advantages(members, score_scale, intrinsic_coef, eps, gigpo)):
+    for indices in groups.values():
+        members = [trajectories[i] for i in indices]
+        for traj, advantages in zip(members, group_turn_advantages(members, score_scale, [bonus[i] for i in indices], eps, gigpo)):
             for i in range(traj.num_turns):
                 prompt, spans = traj.turn_prompt(i), traj.turn_tip_spans(i)
                 tipfree = remove_spans(prompt, spans)

@@ -27,11 +27,13 @@ import zmq
 from common.config import PipelineConfig
 from common.metrics import LearnerMetrics
 from common.model_prep import resolve_model
+from learner.advantages import CountBonus, IntrinsicReward
 from common.process import run_role
 from learner.checkpoint import list_checkpoints, load_trainer_state, save_checkpoint
 from learner.config import LearnerConfig
 from learner.loss import ClipConfig, clipped_policy_loss, entropy, kl_k3, low_probability_mask
 from learner.optim import build_optimizer
+from learner.rnd import RNDBonus
 from learner.policy_model import batch_log_softmax, load_policy, token_logprobs
 from learner.samples import GiGPO, TurnSample, build_samples
 from learner.weight_push import build_chunks, push_weight_file, push_weights, weight_tensors, write_weight_file
@@ -191,7 +193,13 @@ class Learner:
             self.model.gradient_checkpointing_enable()
         # the KL reference is the policy the learner starts from (frozen)
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if self.lcfg.kl_coef else None
-        self.version = load_trainer_state(resume_from[0], self.optimizer, self.scheduler) if resume_from else 0  # +1 per step
+        if self.lcfg.intrinsic_kind not in ("count", "rnd"):
+            raise ValueError(f"learner.intrinsic_kind must be count|rnd, got {self.lcfg.intrinsic_kind!r}")
+        rnd = RNDBonus(self.lcfg, cfg.seed) if self.lcfg.intrinsic_kind == "rnd" else None
+        self.intrinsic: IntrinsicReward = rnd or CountBonus(self.lcfg.intrinsic_coef)
+        # what a checkpoint holds besides the weights, by name
+        self.stateful = {"optimizer": self.optimizer, "scheduler": self.scheduler, **({"rnd": rnd} if rnd else {})}
+        self.version = load_trainer_state(resume_from[0], self.stateful) if resume_from else 0  # +1 per step
         if resume_from:
             log.info("resumed from %s at policy version %d", resume_from[0], self.version)
         ctx = zmq.Context.instance()
@@ -217,7 +225,7 @@ class Learner:
         while self.version < self.lcfg.total_steps:
             batch = self.next_batch()
             t0 = time.perf_counter()
-            samples = build_samples(batch.trajectories, self.lcfg.score_scale, self.lcfg.intrinsic_coef, self.lcfg.adv_eps, self.gigpo)
+            samples = build_samples(batch.trajectories, self.lcfg.score_scale, self.intrinsic, self.lcfg.adv_eps, self.gigpo)
             stats = train_step(self.model, self.optimizer, samples, self.lcfg, self.version, self.ref_model, self.scheduler)
             self.version += 1
             step_s = time.perf_counter() - t0
@@ -277,8 +285,7 @@ class Learner:
 
     def save_checkpoint(self) -> str:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
-        return str(save_checkpoint(self.checkpoints, self.version, self.model, self.tokenizer, self.optimizer, self.scheduler,
-                                   self.lcfg.keep_checkpoints))
+        return str(save_checkpoint(self.checkpoints, self.version, self.model, self.tokenizer, self.stateful, self.lcfg.keep_checkpoints))
 
     def finish(self) -> dict:
         summary = {"steps": self.version, "policy_version": self.version, "final_checkpoint": self.save_checkpoint(), "history": self.history}

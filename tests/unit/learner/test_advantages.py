@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from learner.advantages import TIP_MODES, group_advantages, turn_rewards
+from learner.advantages import TIP_MODES, CountBonus, group_advantages, turn_rewards
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory
 
 
@@ -26,12 +26,18 @@ def _traj(mode: str, score: float, num_memories: list[int]) -> Trajectory:
     return traj
 
 
+def _rewards(traj: Trajectory, score_scale: float, intrinsic_coef: float) -> np.ndarray:
+    """Turn rewards with the paper's count bonus."""
+    (intrinsic,) = CountBonus(intrinsic_coef)([traj])
+    return turn_rewards(traj, score_scale, intrinsic)
+
+
 def test_tip_modes_are_the_two_memory_modes():
     assert set(TIP_MODES) == {ON_POLICY_TIPS, OFF_POLICY}
 
 
 def test_on_policy_reward_is_extrinsic_only_on_every_turn():
-    r = turn_rewards(_traj(ON_POLICY, 80.0, [0, 1, 3]), score_scale=0.01, intrinsic_coef=1.0)
+    r = _rewards(_traj(ON_POLICY, 80.0, [0, 1, 3]), 0.01, 1.0)
     # 80 * 0.01 = 0.8 on each of the 3 turns; no intrinsic reward (num_memories ignored)
     np.testing.assert_allclose(r, [0.8, 0.8, 0.8], atol=1e-12)
     assert r.dtype == np.float64
@@ -39,24 +45,24 @@ def test_on_policy_reward_is_extrinsic_only_on_every_turn():
 
 @pytest.mark.parametrize("mode", [ON_POLICY_TIPS, OFF_POLICY])
 def test_tip_modes_add_intrinsic_reward(mode):
-    r = turn_rewards(_traj(mode, 0.0, [0, 1, 3]), score_scale=0.01, intrinsic_coef=1.0)
+    r = _rewards(_traj(mode, 0.0, [0, 1, 3]), 0.01, 1.0)
     # 1/(0+1) = 1, 1/(1+1) = 0.5, 1/(3+1) = 0.25
     np.testing.assert_allclose(r, [1.0, 0.5, 0.25], atol=1e-12)
 
 
 def test_intrinsic_plus_extrinsic_with_coefficient():
-    r = turn_rewards(_traj(OFF_POLICY, 50.0, [0, 4, 10]), score_scale=0.01, intrinsic_coef=0.5)
+    r = _rewards(_traj(OFF_POLICY, 50.0, [0, 4, 10]), 0.01, 0.5)
     # 0.5 + 0.5/1 = 1.0 ; 0.5 + 0.5/5 = 0.6 ; 0.5 + 0.5/11 = 0.5454545...
     np.testing.assert_allclose(r, [1.0, 0.6, 0.5 + 0.5 / 11], atol=1e-12)
 
 
 def test_intrinsic_coefficient_zero_disables_bonus():
-    r = turn_rewards(_traj(ON_POLICY_TIPS, 100.0, [0, 2]), score_scale=0.01, intrinsic_coef=0.0)
+    r = _rewards(_traj(ON_POLICY_TIPS, 100.0, [0, 2]), 0.01, 0.0)
     np.testing.assert_allclose(r, [1.0, 1.0], atol=1e-12)
 
 
 def test_negative_score_failed_goal():
-    r = turn_rewards(_traj(ON_POLICY, -100.0, [0, 0]), score_scale=0.01, intrinsic_coef=1.0)
+    r = _rewards(_traj(ON_POLICY, -100.0, [0, 0]), 0.01, 1.0)
     np.testing.assert_allclose(r, [-1.0, -1.0], atol=1e-12)
 
 

@@ -46,14 +46,14 @@ def test_resumed_step_equals_uninterrupted_step(tmp_path, k):
     model = _model()
     optimizer, scheduler = build_optimizer(model.parameters(), CFG)
     lrs = [train_step(model, optimizer, _samples(step), CFG, step, scheduler=scheduler).lr for step in range(k)]
-    save_checkpoint(tmp_path, k, model, _tokenizer(), optimizer, scheduler, keep_last=2)
+    save_checkpoint(tmp_path, k, model, _tokenizer(), {"optimizer": optimizer, "scheduler": scheduler}, keep_last=2)
     uninterrupted = train_step(model, optimizer, _samples(k), CFG, version=k, scheduler=scheduler)
     assert uninterrupted.lr != lrs[-1]  # the schedule moves at the resumed step (warm-up at k=1, decay at k=3)
 
     (path,) = list_checkpoints(tmp_path)
     resumed_model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)
     resumed_optimizer, resumed_scheduler = build_optimizer(resumed_model.parameters(), CFG)
-    assert load_trainer_state(path, resumed_optimizer, resumed_scheduler) == k
+    assert load_trainer_state(path, {"optimizer": resumed_optimizer, "scheduler": resumed_scheduler}) == k
     resumed = train_step(resumed_model, resumed_optimizer, _samples(k), CFG, version=k, scheduler=resumed_scheduler)
 
     assert resumed.lr == uninterrupted.lr
@@ -66,6 +66,6 @@ def test_retention_keeps_the_newest_complete_checkpoints(tmp_path):
     model = _model()
     optimizer, scheduler = build_optimizer(model.parameters(), CFG)
     for version in (1, 2, 3, 4):
-        save_checkpoint(tmp_path, version, model, _tokenizer(), optimizer, scheduler, keep_last=2)
+        save_checkpoint(tmp_path, version, model, _tokenizer(), {"optimizer": optimizer, "scheduler": scheduler}, keep_last=2)
     (tmp_path / "step_000009").mkdir()  # incomplete (no trainer state): never listed
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000003", "step_000004"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from learner.advantages import anchor_step_advantages, discounted_returns
+from learner.advantages import CountBonus, anchor_step_advantages, discounted_returns
 from learner.samples import GiGPO, group_turn_advantages
 from protocol.messages import ON_POLICY, ON_POLICY_TIPS, Trajectory
 
@@ -26,14 +26,19 @@ A = _traj(["s0", "s1"], 100.0)  # succeeds
 B = _traj(["s0", "s2", "s3"], 0.0)  # fails; shares only the first state with A
 
 
+def _count(traj: Trajectory) -> np.ndarray:
+    (intrinsic,) = CountBonus(1.0)([traj])
+    return intrinsic
+
+
 def test_discounted_returns_pay_the_score_at_the_last_step():
-    np.testing.assert_allclose(discounted_returns(A, 0.01, 1.0, 0.95), [0.95, 1.0])  # 1.0 at t=1, 0.95*1 at t=0
-    np.testing.assert_allclose(discounted_returns(B, 0.01, 1.0, 0.95), [0.0, 0.0, 0.0])
+    np.testing.assert_allclose(discounted_returns(A, 0.01, _count(A), 0.95), [0.95, 1.0])  # 1.0 at t=1, 0.95*1 at t=0
+    np.testing.assert_allclose(discounted_returns(B, 0.01, _count(B), 0.95), [0.0, 0.0, 0.0])
 
 
 def test_discounted_returns_add_intrinsic_reward_each_step_in_tip_modes():
     t = _traj(["x", "y"], 0.0, mode=ON_POLICY_TIPS, num_memories=[0, 1])  # r_int = [1, 0.5]
-    np.testing.assert_allclose(discounted_returns(t, 0.01, 1.0, 0.5), [1 + 0.5 * 0.5, 0.5])
+    np.testing.assert_allclose(discounted_returns(t, 0.01, _count(t), 0.5), [1 + 0.5 * 0.5, 0.5])
 
 
 def test_anchor_groups_normalise_identical_states_only():
@@ -50,10 +55,10 @@ def test_anchor_groups_normalise_identical_states_only():
 
 
 def test_gigpo_adds_the_weighted_step_advantage_to_grpo():
-    grpo = group_turn_advantages([A, B], 0.01, 1.0, 1e-9)
+    grpo = group_turn_advantages([A, B], 0.01, CountBonus(1.0)([A, B]), 1e-9)
     # turn rewards A: [1, 1], B: [0, 0, 0] -> pooled mean 0.4, std sqrt(0.24) = 0.489898
     np.testing.assert_allclose(grpo[0], [1.224745, 1.224745], atol=1e-5)
     np.testing.assert_allclose(grpo[1], [-0.816497] * 3, atol=1e-5)
-    gigpo = group_turn_advantages([A, B], 0.01, 1.0, 1e-9, GiGPO(gamma=0.95, step_weight=0.5, norm="std"))
+    gigpo = group_turn_advantages([A, B], 0.01, CountBonus(1.0)([A, B]), 1e-9, GiGPO(gamma=0.95, step_weight=0.5, norm="std"))
     np.testing.assert_allclose(gigpo[0], [1.224745 + 0.5, 1.224745], atol=1e-5)
     np.testing.assert_allclose(gigpo[1], [-0.816497 - 0.5, -0.816497, -0.816497], atol=1e-5)

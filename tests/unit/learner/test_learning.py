@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from learner.advantages import CountBonus
 from learner.config import LearnerConfig
 from learner.policy_model import response_logprobs
 from learner.samples import GiGPO, build_samples
@@ -57,7 +58,7 @@ def test_rewarded_action_becomes_more_likely(preset):
     for version in range(4):
         group = [_episode(model, mode, GOOD, 100.0, 0, version), _episode(model, mode, BAD, 0.0, 1, version),
                  _episode(model, mode, GOOD, 100.0, 2, version), _episode(model, mode, BAD, 0.0, 3, version)]
-        stats = train_step(model, optimizer, build_samples(group, 0.01, 1.0, 1e-6, gigpo), cfg, version)
+        stats = train_step(model, optimizer, build_samples(group, 0.01, CountBonus(1.0), 1e-6, gigpo), cfg, version)
         assert stats.tokens == 4
     after = float(np.exp(_logp(model, PROMPT, GOOD))[0])
     assert after > before * 1.5, (before, after)
@@ -72,7 +73,7 @@ def test_entropy_and_kl_options_enter_the_step():
     ref = copy.deepcopy(model).requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     group = [_episode(model, ON_POLICY, GOOD, 100.0, 0, 0), _episode(model, ON_POLICY, BAD, 0.0, 1, 0)]
-    first = train_step(model, optimizer, build_samples(group, 0.01, 1.0, 1e-6), cfg, 0, ref)
+    first = train_step(model, optimizer, build_samples(group, 0.01, CountBonus(1.0), 1e-6), cfg, 0, ref)
     assert first.entropy_mean > 0.0 and first.kl_mean == pytest.approx(0.0, abs=1e-7)  # θ = πref at first
-    second = train_step(model, optimizer, build_samples(group, 0.01, 1.0, 1e-6), cfg, 1, ref)
+    second = train_step(model, optimizer, build_samples(group, 0.01, CountBonus(1.0), 1e-6), cfg, 1, ref)
     assert second.kl_mean > 0.0  # the policy moved away from the reference

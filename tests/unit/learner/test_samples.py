@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from learner.advantages import CountBonus
 from learner.samples import TurnSample, build_samples, remove_spans
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory
 
@@ -70,7 +71,7 @@ def _off_policy_traj(group_id="g", score=100.0, slot=0):
 
 
 def test_one_sample_per_turn_with_its_response_and_behaviour():
-    samples = build_samples([_off_policy_traj()], score_scale=0.01, intrinsic_coef=1.0, eps=1e-6)
+    samples = build_samples([_off_policy_traj()], score_scale=0.01, intrinsic=CountBonus(1.0), eps=1e-6)
     assert len(samples) == 2
     assert all(isinstance(s, TurnSample) for s in samples)
     np.testing.assert_array_equal(samples[0].response, [7, 8])
@@ -82,7 +83,7 @@ def test_one_sample_per_turn_with_its_response_and_behaviour():
 
 
 def test_off_policy_update_prompt_has_tips_removed():
-    s0, s1 = build_samples([_off_policy_traj()], score_scale=0.01, intrinsic_coef=1.0, eps=1e-6)
+    s0, s1 = build_samples([_off_policy_traj()], score_scale=0.01, intrinsic=CountBonus(1.0), eps=1e-6)
     np.testing.assert_array_equal(s0.update_prompt, [1, 2, 3, 4])
     np.testing.assert_array_equal(s0.tipfree_prompt, [1, 2, 3, 4])
     np.testing.assert_array_equal(s1.update_prompt, [1, 2, 3, 4, 5])
@@ -93,7 +94,7 @@ def test_off_policy_update_prompt_has_tips_removed():
 
 def test_on_policy_tips_keeps_tips_in_update_prompt():
     traj = _traj("g", ON_POLICY_TIPS, 50.0, [([1, 2, 40, 41, 3], [(2, 4)], [7], [-0.1])])
-    (s,) = build_samples([traj], score_scale=0.01, intrinsic_coef=1.0, eps=1e-6)
+    (s,) = build_samples([traj], score_scale=0.01, intrinsic=CountBonus(1.0), eps=1e-6)
     np.testing.assert_array_equal(s.update_prompt, [1, 2, 40, 41, 3])
     np.testing.assert_array_equal(s.tipfree_prompt, [1, 2, 3])
     assert s.with_tips
@@ -102,7 +103,7 @@ def test_on_policy_tips_keeps_tips_in_update_prompt():
 
 def test_on_policy_has_no_spans_and_identical_prompts():
     traj = _traj("g", ON_POLICY, 50.0, [([1, 2, 3], [], [7, 8], [-0.1, -0.2]), ([1, 2, 3, 4], [], [9], [-0.3])])
-    samples = build_samples([traj], score_scale=0.01, intrinsic_coef=1.0, eps=1e-6)
+    samples = build_samples([traj], score_scale=0.01, intrinsic=CountBonus(1.0), eps=1e-6)
     assert len(samples) == 2
     for s, prompt in zip(samples, ([1, 2, 3], [1, 2, 3, 4])):
         np.testing.assert_array_equal(s.update_prompt, prompt)
@@ -117,7 +118,7 @@ def test_tip_mode_turn_without_retrieved_tips_has_with_tips_false():
         ([1, 2, 40, 3], [(2, 3)], [7], [-0.1]),
         ([1, 2, 3, 4], [], [8], [-0.2]),
     ], num_memories=[1, 0])
-    s0, s1 = build_samples([traj], score_scale=0.01, intrinsic_coef=1.0, eps=1e-6)
+    s0, s1 = build_samples([traj], score_scale=0.01, intrinsic=CountBonus(1.0), eps=1e-6)
     assert s0.with_tips is True
     assert s1.with_tips is False
     np.testing.assert_array_equal(s1.update_prompt, [1, 2, 3, 4])
@@ -126,7 +127,7 @@ def test_tip_mode_turn_without_retrieved_tips_has_with_tips_false():
 
 def test_off_policy_turn_without_tips_is_behaviour_prompt():
     traj = _traj("g", OFF_POLICY, 0.0, [([1, 2, 3], [], [7], [-0.1])])
-    (s,) = build_samples([traj], score_scale=0.01, intrinsic_coef=1.0, eps=1e-6)
+    (s,) = build_samples([traj], score_scale=0.01, intrinsic=CountBonus(1.0), eps=1e-6)
     assert s.with_tips is False
     assert s.update_is_behaviour_prompt is True
     np.testing.assert_array_equal(s.update_prompt, [1, 2, 3])
@@ -165,7 +166,7 @@ def test_advantages_normalised_within_each_group_separately():
         _traj("B", ON_POLICY, 30.0, [([1, 2], [], [21], [-0.1])], slot=1),
         _traj("B", ON_POLICY, 90.0, [([1, 2], [], [22], [-0.1])], slot=2),
     ]
-    samples = build_samples(trajs, score_scale=0.01, intrinsic_coef=1.0, eps=0.0)
+    samples = build_samples(trajs, score_scale=0.01, intrinsic=CountBonus(1.0), eps=0.0)
     assert len(samples) == 5
     by_response = {int(s.response[0]): s.advantage for s in samples}
     assert by_response[10] == pytest.approx(1.0, abs=1e-9)
@@ -183,7 +184,7 @@ def test_advantages_include_intrinsic_reward_per_turn():
         ([1, 40, 2], [(1, 2)], [7], [-0.1]),
         ([1, 2, 41], [(2, 3)], [8], [-0.1]),
     ], num_memories=[0, 1])
-    s0, s1 = build_samples([traj], score_scale=0.01, intrinsic_coef=1.0, eps=0.0)
+    s0, s1 = build_samples([traj], score_scale=0.01, intrinsic=CountBonus(1.0), eps=0.0)
     assert s0.advantage == pytest.approx(1.0, abs=1e-9)
     assert s1.advantage == pytest.approx(-1.0, abs=1e-9)
 
@@ -191,7 +192,7 @@ def test_advantages_include_intrinsic_reward_per_turn():
 def test_mixed_mode_batch_sample_count_and_prompts():
     trajs = [_off_policy_traj("g1", 100.0, 0), _off_policy_traj("g1", 0.0, 1),
              _traj("g2", ON_POLICY, 10.0, [([5, 6], [], [7], [-0.2])])]
-    samples = build_samples(trajs, score_scale=0.01, intrinsic_coef=1.0, eps=1e-6)
+    samples = build_samples(trajs, score_scale=0.01, intrinsic=CountBonus(1.0), eps=1e-6)
     assert len(samples) == 2 + 2 + 1
     on = [s for s in samples if s.mode == ON_POLICY]
     assert len(on) == 1 and on[0].advantage == 0.0  # a group of one turn: zero advantage
