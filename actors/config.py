@@ -16,7 +16,8 @@ class PolicyServerConfig:
     #                           vLLM's own CPU default takes a share of all RAM per engine (OOM with two)
     tensor_parallel_size: int = 1  # >1 needs as many GPUs (vLLM's native tensor parallelism)
     enforce_eager: bool = True  # CUDA graphs cost start-up time; worth it only on long GPU runs
-    weight_sync: str = "zmq"  # "zmq": tensor frames over the socket (any host); "nccl": GPU-only
+    on_update: str = "finish"  # requests in flight at a weight update: "finish" on the old weights first,
+    #                           or "abort" them and run them again on the new weights (the update waits for nothing)
     weight_staging_dir: str = "/dev/shm"  # where received weights are staged for the engine
     allowed_weight_dirs: list[str] = field(default_factory=lambda: ["/dev/shm"])  # WeightFile paths must lie here
     max_weight_message_bytes: int = 1 << 30  # size limit of one WeightChunk message

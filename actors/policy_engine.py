@@ -1,15 +1,18 @@
 """The vLLM engine behind a policy server: continuous batching, versioned in-place weight updates.
 
 This is the only module that imports vLLM. The engine (AsyncLLM) batches every concurrent
-request continuously; a version gate makes weight updates atomic: an update waits until the
-requests in flight have finished on the old weights, new requests wait until it is live, so no
-response ever mixes versions and each response names the version that produced it.
+request continuously; a version gate makes weight updates atomic: new requests wait while an
+update is pending, and the requests in flight either finish on the old weights first
+(`policy_server.on_update=finish`) or are aborted and run again on the new ones (`abort`: the
+update does not wait for long generations). Either way no response mixes versions and each names
+the version that produced it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 from dataclasses import dataclass
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from actors.config import PolicyServerConfig
+from protocol.messages import WEIGHT_SYNC_METHODS
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,7 @@ class Completion:
     finish_reason: str
     policy_version: int
     prompt_tokens: int
+    retries: int = 0  # times the generation was aborted by a weight update and run again
 
 
 class VersionGate:
@@ -69,10 +74,14 @@ class VersionGate:
                 self._cond.notify_all()
 
     @contextlib.asynccontextmanager
-    async def update(self):
+    async def update(self, abort_in_flight=None):
+        """Exclusive access for an update; `abort_in_flight()`, if given, is called once new
+        generations are held back, to end the running ones early instead of waiting for them."""
         async with self._cond:
             await self._cond.wait_for(lambda: not self._updating)
             self._updating = True  # new generations wait from here on
+            if abort_in_flight is not None:
+                abort_in_flight()
             await self._cond.wait_for(lambda: self._active == 0)
         try:
             yield
@@ -82,11 +91,25 @@ class VersionGate:
                 self._cond.notify_all()
 
 
+def check_weight_sync(weight_sync: str, device: str) -> None:
+    """The servers follow the learner's learner.weight_sync; NCCL needs GPUs on both sides."""
+    if weight_sync not in WEIGHT_SYNC_METHODS:
+        raise ValueError(f"learner.weight_sync must be one of {'|'.join(WEIGHT_SYNC_METHODS)}, got {weight_sync!r}")
+    if weight_sync == "nccl" and device != "cuda":
+        raise RuntimeError(
+            "learner.weight_sync=nccl uses vLLM's NCCL weight transfer, which needs the policy server "
+            f"on a CUDA GPU (its device is {device}). Use learner.weight_sync=zmq, shm or checkpoint on CPU hosts."
+        )
+
+
 class PolicyEngine:
-    def __init__(self, model_path: str, cfg: PolicyServerConfig, seed: int, initial_version: int = 0):
+    def __init__(self, model_path: str, cfg: PolicyServerConfig, seed: int, weight_sync: str = "zmq", initial_version: int = 0):
         device = resolve_device(cfg.device)
         if cfg.tensor_parallel_size > 1 and device != "cuda":
             raise RuntimeError("policy_server.tensor_parallel_size > 1 needs CUDA GPUs")
+        check_weight_sync(weight_sync, device)
+        if cfg.on_update not in ("finish", "abort"):
+            raise ValueError(f"policy_server.on_update must be finish|abort, got {cfg.on_update!r}")
         if device == "cpu":
             # vLLM's CPU backend pins OpenMP threads to cores by default; on a shared 2-core
             # host that starves the other processes, so let the OS schedule them.
@@ -106,42 +129,89 @@ class PolicyEngine:
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             tensor_parallel_size=cfg.tensor_parallel_size,
             worker_extension_cls="actors.vllm_worker_ext.WeightUpdateExtension",
+            weight_transfer_config={"backend": "nccl"} if weight_sync == "nccl" else None,
         )
         log.info("starting vLLM engine: model=%s device=%s dtype=%s", model_path, device, dtype)
         self.engine = AsyncLLM.from_engine_args(args)
         self.version = initial_version
         self.gate = VersionGate()
+        self.abort_on_update = cfg.on_update == "abort"
+        self._running: set[asyncio.Task] = set()  # generations in flight (aborted by an update in abort mode)
 
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], max_tokens: int, temperature: float,
         top_p: float, seed: int, stop: list[str],
     ) -> Completion:
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
         params = SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
             stop=stop or None, logprobs=0,  # 0 = the sampled token's log-prob only
         )
-        async with self.gate.generation():
-            version = self.version
-            final = None
-            async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params, request_id):
-                final = out
+        for attempt in itertools.count():
+            async with self.gate.generation():
+                version = self.version
+                run = asyncio.ensure_future(self._sample(f"{request_id}-{attempt}" if attempt else request_id, prompt_token_ids, params))
+                self._running.add(run)
+                try:
+                    final = await run
+                    break
+                except asyncio.CancelledError:
+                    if asyncio.current_task().cancelling():
+                        raise  # this request itself was cancelled (shutdown), not aborted by an update
+                    # aborted by a weight update: wait for it at the gate, then start over on the new weights
+                finally:
+                    self._running.discard(run)
         choice = final.outputs[0]
         token_ids = np.asarray(choice.token_ids, dtype=np.int32)
         logprobs = np.asarray(
             [step[tok].logprob for step, tok in zip(choice.logprobs, choice.token_ids)], dtype=np.float32
         )
-        return Completion(token_ids, logprobs, choice.text, str(choice.finish_reason), version, len(prompt_token_ids))
+        return Completion(token_ids, logprobs, choice.text, str(choice.finish_reason), version, len(prompt_token_ids), attempt)
+
+    async def _sample(self, request_id: str, prompt_token_ids: list[int], params):
+        from vllm.inputs import TokensPrompt
+
+        final = None
+        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params, request_id):
+            final = out
+        return final
+
+    def _abort_in_flight(self) -> None:
+        for run in self._running:
+            run.cancel()  # vLLM aborts a request whose output stream is cancelled
 
     async def load_weights(self, path: str, version: int) -> None:
-        """Apply a staged safetensors file in every worker, atomically, then bump the version."""
-        async with self.gate.update():
-            counts = await self.engine.collective_rpc("load_weights_from_file", args=(path,))
-            await self.engine.reset_prefix_cache()  # cached KV was computed with the old weights
-            self.version = version
+        """Apply a staged safetensors file in every worker (zmq, shm and checkpoint sync)."""
+        counts = await self._update(version, lambda: self.engine.collective_rpc("load_weights_from_file", args=(path,)))
         log.info("weights v%d live (%s tensors per worker)", version, counts)
+
+    async def init_weight_transfer(self, init_info: dict) -> None:
+        """nccl sync: join the learner's transfer group (blocks until the learner joins too)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+
+    async def receive_weights(self, update_info: dict, version: int) -> None:
+        """nccl sync: receive one broadcast from the learner into the model, in place."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        async def receive():
+            await self.engine.start_weight_update()
+            await self.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info))
+            await self.engine.finish_weight_update()
+
+        await self._update(version, receive)
+        log.info("weights v%d live (NCCL, %d tensors)", version, len(update_info["names"]))
+
+    async def _update(self, version: int, apply):
+        """Every update: exclusive at the gate, then the prefix cache is reset (its KV was computed
+        with the old weights) and the version moves on; returns what `apply()` returned."""
+        async with self.gate.update(self._abort_in_flight if self.abort_on_update else None):
+            result = await apply()
+            await self.engine.reset_prefix_cache()
+            self.version = version
+        return result
 
     def shutdown(self) -> None:
         self.engine.shutdown()

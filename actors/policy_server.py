@@ -1,7 +1,8 @@
 """Policy server: a vLLM engine behind a ZeroMQ ROUTER.
 
 Socket: ROUTER bound at endpoints.policy_servers[index].
-  in : Ping, GenerateRequest (env actors, memory service), WeightChunk | WeightFile (learner)
+  in : Ping, GenerateRequest (env actors, memory service),
+       WeightChunk | WeightFile | NcclTransferInit | NcclTransferUpdate (learner, by learner.weight_sync)
   out: Pong, GenerateResponse, WeightUpdateAck, ErrorReply
 Requests are served concurrently (one asyncio task each) and batched continuously by the
 engine; a weight update is applied atomically between generations (actors/policy_engine.py).
@@ -12,6 +13,7 @@ Run: `empo2-policy-server policy_server.index=0 [key=value ...]` (see README, "P
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -27,7 +29,8 @@ from common.metrics import PolicyServerMetrics
 from common.model_prep import resolve_model
 from protocol import ProtocolError, decode, encode
 from protocol.messages import (
-    ErrorReply, GenerateRequest, GenerateResponse, Ping, Pong, WeightChunk, WeightFile, WeightUpdateAck, file_checksum,
+    ErrorReply, GenerateRequest, GenerateResponse, NcclTransferInit, NcclTransferUpdate, Ping, Pong, WeightChunk, WeightFile,
+    WeightUpdateAck, file_checksum,
 )
 from actors.weight_receiver import WeightAssembler, WeightUpdateError
 
@@ -43,6 +46,8 @@ class PolicyServer:
         self.metrics.policy_version.set(-1)  # no engine yet
         self.engine = None  # created in run(): the socket answers Ping (ready=False) meanwhile
         self.assembler = WeightAssembler(self.scfg.weight_staging_dir, f"{os.getpid()}-{index}")
+        # WeightFile paths are read only from these (learner.weight_sync=shm: /dev/shm; =checkpoint: this run's checkpoints)
+        self.weight_dirs = [os.path.realpath(d) for d in [*self.scfg.allowed_weight_dirs, cfg.run_path("checkpoints")]]
         self.tasks: set[asyncio.Task] = set()
 
     async def run(self) -> None:
@@ -57,7 +62,7 @@ class PolicyServer:
         from actors.policy_engine import PolicyEngine  # late: importing vLLM takes seconds
 
         t0 = time.time()
-        self.engine = await asyncio.to_thread(PolicyEngine, model_path, self.scfg, self.cfg.seed + self.index)
+        self.engine = await asyncio.to_thread(PolicyEngine, model_path, self.scfg, self.cfg.seed + self.index, self.cfg.learner.weight_sync)
         self.metrics.ready.set(1)
         self.metrics.policy_version.set(self.engine.version)
         log.info("engine ready in %.1fs, serving policy version %d", time.time() - t0, self.engine.version)
@@ -88,6 +93,8 @@ class PolicyServer:
                 await self._weight_chunk(identity, msg)
             elif isinstance(msg, WeightFile):
                 self._spawn(self._weight_file(identity, msg))
+            elif isinstance(msg, (NcclTransferInit, NcclTransferUpdate)):
+                self._spawn(self._nccl_transfer(identity, msg))
             else:
                 self.metrics.rejected.labels("unexpected_kind").inc()
                 await self._send(identity, ErrorReply(reason="unexpected_kind", detail=f"{msg.KIND} is not served here"))
@@ -109,6 +116,7 @@ class PolicyServer:
                 req.request_id, req.prompt_token_ids.tolist(), req.max_tokens, req.temperature, req.top_p, req.seed, req.stop
             )
             self.metrics.generated_tokens.inc(len(out.token_ids))
+            self.metrics.requests_retried.inc(out.retries)
             self.metrics.prompt_tokens.inc(out.prompt_tokens)
             self.metrics.request_latency.observe(time.perf_counter() - t0)
             await self._send(identity, GenerateResponse(
@@ -135,16 +143,17 @@ class PolicyServer:
         if staged is None:
             await self._send(identity, WeightUpdateAck(version=self.engine.version, chunk_index=chunk.chunk_index, applied=False))
             return
-        self._spawn(self._apply(identity, chunk.version, chunk.chunk_index, str(staged), self._update_t0))
+        self._spawn(self._apply(identity, chunk.version, chunk.chunk_index, staged, self._update_t0, remove_after=True))
 
     async def _weight_file(self, identity: bytes, update: WeightFile) -> None:
         """Verify the file's checksum (off the event loop: it reads every byte), then apply it
         in place: no copy through the socket or a staging file."""
         t0 = time.perf_counter()
         real = os.path.realpath(update.path)
-        if not any(real.startswith(os.path.realpath(d) + os.sep) for d in self.scfg.allowed_weight_dirs):
+        if not any(real.startswith(d + os.sep) for d in self.weight_dirs):
             self.metrics.rejected.labels("weight_path").inc()
-            await self._send(identity, ErrorReply(reason="weight_update_rejected", detail=f"{update.path} is outside policy_server.allowed_weight_dirs"))
+            await self._send(identity, ErrorReply(
+                reason="weight_update_rejected", detail=f"{update.path} is outside policy_server.allowed_weight_dirs and the run's checkpoints"))
             return
         try:
             actual = await asyncio.to_thread(file_checksum, real)
@@ -157,7 +166,27 @@ class PolicyServer:
         self.metrics.weight_update_bytes.inc(os.path.getsize(real))
         await self._apply(identity, update.version, 0, real, t0)
 
-    async def _apply(self, identity: bytes, version: int, chunk_index: int, path: str, t0: float) -> None:
+    async def _nccl_transfer(self, identity: bytes, msg: NcclTransferInit | NcclTransferUpdate) -> None:
+        """learner.weight_sync=nccl: the learner's vLLM trainer engine drives these; the tensors
+        arrive over NCCL while the request is open (the engine refused to start without a GPU)."""
+        t0 = time.perf_counter()
+        try:
+            if isinstance(msg, NcclTransferInit):
+                await self.engine.init_weight_transfer(vars(msg))
+                await self._send(identity, WeightUpdateAck(version=self.engine.version, chunk_index=0, applied=False))
+                return
+            update = {"names": msg.names, "dtype_names": msg.dtype_names, "shapes": msg.shapes}
+            await self.engine.receive_weights(update, msg.version)
+        except Exception as exc:
+            self.metrics.errors.labels("weight_update").inc()
+            log.exception("NCCL weight transfer (%s) failed", msg.KIND)
+            await self._send(identity, ErrorReply(reason="weight_update_failed", detail=str(exc)[:500]))
+            return
+        await self._updated(identity, msg.version, 0, time.perf_counter() - t0, t0)
+
+    async def _apply(self, identity: bytes, version: int, chunk_index: int, path: str, t0: float, remove_after: bool = False) -> None:
+        """Load the weights at `path` into the engine; a file this server staged itself is deleted
+        afterwards (the engine holds the tensors now; in /dev/shm it would hold ~0.5 GB of RAM)."""
         t_apply = time.perf_counter()
         try:
             await self.engine.load_weights(path, version)
@@ -166,7 +195,13 @@ class PolicyServer:
             log.exception("applying weights v%d failed", version)
             await self._send(identity, ErrorReply(reason="weight_update_failed", detail=str(exc)[:500]))
             return
-        apply_s = time.perf_counter() - t_apply
+        finally:
+            if remove_after:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
+        await self._updated(identity, version, chunk_index, time.perf_counter() - t_apply, t0)
+
+    async def _updated(self, identity: bytes, version: int, chunk_index: int, apply_s: float, t0: float) -> None:
         self.metrics.weight_updates.inc()
         self.metrics.weight_update_seconds.observe(time.perf_counter() - t0)
         self.metrics.policy_version.set(version)

@@ -49,7 +49,7 @@ class WeightAssembler:
     _version: int = -1
     _chunks: dict[int, WeightChunk] = field(default_factory=dict)
 
-    def add(self, chunk: WeightChunk) -> Path | None:
+    def add(self, chunk: WeightChunk) -> str | None:
         """Add a chunk; returns the staged file once the update is complete and verified."""
         if chunk.version != self._version:  # a new update replaces an unfinished older one
             self._version, self._chunks = chunk.version, {}
@@ -67,4 +67,4 @@ class WeightAssembler:
             raise WeightUpdateError(f"v{chunk.version}: checksum {actual} != announced {chunk.checksum}")
         path = Path(self.staging_dir) / f"empo2-weights-{self.server_id}.safetensors"
         write_safetensors(path, metas, buffers)
-        return path
+        return str(path)

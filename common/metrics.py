@@ -47,6 +47,7 @@ class PolicyServerMetrics(RoleMetrics):
         self.generated_tokens = self._counter("generated_tokens", "Response tokens generated")
         self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens processed")
         self.request_latency = self._histogram("request_latency_seconds", "Generation latency", _SECONDS)
+        self.requests_retried = self._counter("requests_retried", "Generations aborted by a weight update and run again (on_update=abort)")
         self.weight_updates = self._counter("weight_updates", "Weight updates applied")
         self.weight_update_seconds = self._histogram("weight_update_seconds", "Receive-to-live time of an update", _SECONDS)
         self.weight_update_bytes = self._counter("weight_update_bytes", "Weight bytes received")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from collections import defaultdict
 import logging
 import time
@@ -27,16 +26,16 @@ import zmq
 from common.config import PipelineConfig
 from common.metrics import LearnerMetrics
 from common.model_prep import resolve_model
-from learner.advantages import CountBonus, IntrinsicReward
 from common.process import run_role
+from learner.advantages import CountBonus, IntrinsicReward
 from learner.checkpoint import list_checkpoints, load_trainer_state, save_checkpoint
 from learner.config import LearnerConfig
 from learner.loss import ClipConfig, clipped_policy_loss, entropy, kl_k3, low_probability_mask
 from learner.optim import build_optimizer
-from learner.rnd import RNDBonus
 from learner.policy_model import batch_log_softmax, load_policy, token_logprobs
+from learner.rnd import RNDBonus
 from learner.samples import GiGPO, TurnSample, build_samples
-from learner.weight_push import build_chunks, push_weight_file, push_weights, weight_tensors, write_weight_file
+from learner.weight_push import WeightPusher, weight_tensors
 from protocol import Client
 from protocol.messages import ON_POLICY_TIPS, Batch, BatchRequest, Trajectory, Wait
 from protocol.transport import wait_until_ready
@@ -205,8 +204,7 @@ class Learner:
         ctx = zmq.Context.instance()
         self.buffer = Client(ctx, cfg.endpoints.replay_buffer, timeout_s=60.0)
         self.policies = [Client(ctx, ep, timeout_s=self.lcfg.push_timeout_s) for ep in cfg.endpoints.policy_servers]
-        if self.lcfg.weight_sync not in ("zmq", "file"):
-            raise ValueError(f"learner.weight_sync must be zmq|file, got {self.lcfg.weight_sync!r} (NCCL transfer is not implemented yet)")
+        self.pusher = WeightPusher(self.lcfg, self.policies, cfg.policy_server.tensor_parallel_size)
         if self.lcfg.ratio not in ("plain", "decoupled"):
             raise ValueError(f"learner.ratio must be plain|decoupled, got {self.lcfg.ratio!r}")
         if self.lcfg.advantage not in ("grpo", "gigpo"):
@@ -230,23 +228,16 @@ class Learner:
             self.version += 1
             step_s = time.perf_counter() - t0
             push_s = self.push()
-            if self.lcfg.checkpoint_every and self.version % self.lcfg.checkpoint_every == 0:
+            if self.lcfg.checkpoint_every and self.version % self.lcfg.checkpoint_every == 0 and self.lcfg.weight_sync != "checkpoint":
                 self.save_checkpoint()
             self.publish(batch.trajectories, stats, step_s, push_s)
         return self.finish()
 
     def push(self) -> float:
-        """Send the current weights to every policy server (learner.weight_sync); wall seconds."""
-        tensors = weight_tensors(self.model)
-        if self.lcfg.weight_sync == "zmq":
-            return push_weights(self.policies, build_chunks(tensors, self.version, self.lcfg.weight_chunk_bytes), self.lcfg.push_timeout_s)
-        t0 = time.perf_counter()
-        path, checksum = write_weight_file(tensors, self.lcfg.weight_dir, self.version)
-        try:
-            push_weight_file(self.policies, path, checksum, self.version, self.lcfg.push_timeout_s)
-        finally:
-            os.remove(path)  # every server has loaded it (or the push failed)
-        return time.perf_counter() - t0
+        """Bring every policy server to the current weights (learner.weight_sync); wall seconds."""
+        if self.lcfg.weight_sync == "checkpoint":  # every push is a checkpoint the servers load
+            return self.pusher.push_checkpoint(Path(self.save_checkpoint()), self.version)
+        return self.pusher.push(weight_tensors(self.model), self.version)
 
     def next_batch(self) -> Batch:
         request = BatchRequest(learner_version=self.version, num_groups=self.lcfg.groups_per_step, max_staleness=self.lcfg.max_staleness)

@@ -1,15 +1,21 @@
-"""Push the learner's weights to every policy server, by one of two methods (learner.weight_sync):
+"""Push the learner's weights to every policy server, by one of four methods (learner.weight_sync):
 
 - "zmq": tensors travel as uint8 views of their memory (zero-copy on CPU) in WeightChunk
-  messages of about `chunk_bytes`, with a blake2b checksum over all bytes; works across hosts.
-- "file": the learner writes one safetensors file (in /dev/shm: shared memory, written once for
-  every server on the host; or on a shared filesystem) and sends its path and checksum in a
-  WeightFile message; each server verifies and loads it in place.
+  messages of about `chunk_bytes`, with an XXH3-128 checksum over all bytes; works across hosts.
+- "shm": the learner writes one safetensors file in `weight_dir` (/dev/shm: shared memory,
+  written once for every server on the host) and sends its path and checksum in a WeightFile
+  message; each server verifies it and loads it straight from the mapping.
+- "checkpoint": the same WeightFile message naming the model file of the HF checkpoint the
+  learner writes at every push (run_dir/checkpoints on a filesystem the servers share).
+- "nccl": vLLM's native NCCL weight transfer on GPU hosts: vLLM's trainer engine broadcasts the
+  tensors to each server's workers and drives the server through NcclTransferInit/Update
+  messages on the usual socket (ZmqWeightSyncClient). Refuses to start without CUDA.
 Each server acknowledges; the last ack says the new version is live there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -17,8 +23,12 @@ from pathlib import Path
 
 import torch
 
+from learner.config import LearnerConfig
 from protocol import Client
-from protocol.messages import TensorMeta, WeightChunk, WeightFile, WeightUpdateAck, file_checksum, weights_checksum
+from protocol.messages import (
+    WEIGHT_SYNC_METHODS, NcclTransferInit, NcclTransferUpdate, TensorMeta, WeightChunk, WeightFile, WeightUpdateAck,
+    file_checksum, weights_checksum,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +71,121 @@ def push_weights(clients: list[Client], chunks: list[WeightChunk], timeout_s: fl
             raise RuntimeError(f"{client.endpoint} did not apply version {chunks[-1].version}: {ack}")
         log.info("%s now serves v%d (engine reload %.2fs)", client.endpoint, ack.version, ack.apply_seconds)
     return time.perf_counter() - t0
+
+
+class WeightPusher:
+    """learner.weight_sync -> one call that brings every policy server to a new version."""
+
+    def __init__(self, cfg: LearnerConfig, clients: list[Client], tensor_parallel_size: int = 1):
+        if cfg.weight_sync not in WEIGHT_SYNC_METHODS:
+            raise ValueError(f"learner.weight_sync must be one of {'|'.join(WEIGHT_SYNC_METHODS)}, got {cfg.weight_sync!r}")
+        self.cfg, self.clients = cfg, clients
+        self.nccl = NcclWeightPusher(cfg, clients, tensor_parallel_size) if cfg.weight_sync == "nccl" else None
+
+    def push(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> float:
+        """zmq, shm or nccl: the wall seconds until every server runs `version`."""
+        if self.cfg.weight_sync == "zmq":
+            return push_weights(self.clients, build_chunks(tensors, version, self.cfg.weight_chunk_bytes), self.cfg.push_timeout_s)
+        if self.cfg.weight_sync == "nccl":
+            return self.nccl.push(tensors, version)
+        t0 = time.perf_counter()
+        path, checksum = write_weight_file(tensors, self.cfg.weight_dir, version)
+        try:
+            push_weight_file(self.clients, path, checksum, version, self.cfg.push_timeout_s)
+        finally:
+            os.remove(path)  # every server has loaded it (or the push failed)
+        return time.perf_counter() - t0
+
+    def push_checkpoint(self, checkpoint_dir: Path, version: int) -> float:
+        """checkpoint: the servers load the model file of a checkpoint the learner just wrote."""
+        t0 = time.perf_counter()
+        path = Path(checkpoint_dir) / "model.safetensors"
+        if not path.is_file():
+            raise RuntimeError(f"{checkpoint_dir} has no single model.safetensors (sharded checkpoints are not supported by weight_sync=checkpoint)")
+        push_weight_file(self.clients, str(path.resolve()), file_checksum(str(path)), version, self.cfg.push_timeout_s)
+        return time.perf_counter() - t0
+
+
+def require_cuda(what: str) -> None:
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"{what} needs a CUDA GPU, and none is visible (torch.cuda.is_available() is False). "
+            "On CPU hosts use learner.weight_sync=zmq (any host), shm (same host) or checkpoint (shared filesystem)."
+        )
+
+
+class ZmqWeightSyncClient:
+    """vLLM's VLLMWeightSyncClient protocol over this project's socket to one policy server.
+
+    vLLM's trainer engine calls start -> update (in a thread, while it broadcasts) -> finish. The
+    server does all three inside one NcclTransferUpdate (its update must be atomic at its version
+    gate), so start and finish are no-ops here; `version` is what the update makes live.
+    """
+
+    def __init__(self, client: Client, timeout_s: float):
+        self.client, self.timeout_s, self.version = client, timeout_s, 0
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        fields = {f.name for f in dataclasses.fields(NcclTransferInit)}
+        self._call(NcclTransferInit(**{k: v for k, v in init_info.items() if k in fields}))
+
+    def start_weight_update(self) -> None:
+        pass
+
+    def update_weights(self, update_info: dict) -> None:
+        ack = self._call(NcclTransferUpdate(version=self.version, **update_info))
+        if not (ack.applied and ack.version == self.version):
+            raise RuntimeError(f"{self.client.endpoint} did not apply version {self.version}: {ack}")
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        pass
+
+    def _call(self, msg) -> WeightUpdateAck:
+        ack = self.client.call(msg, timeout_s=self.timeout_s)
+        if not isinstance(ack, WeightUpdateAck):
+            raise RuntimeError(f"{self.client.endpoint} answered {ack.KIND} to {msg.KIND}")
+        return ack
+
+
+class NcclWeightPusher:
+    """learner.weight_sync=nccl: one vLLM NCCL transfer group per policy server (the learner is
+    rank 0, the server's tensor-parallel workers follow), on ports nccl_port, nccl_port+1, ..."""
+
+    def __init__(self, cfg: LearnerConfig, clients: list[Client], tensor_parallel_size: int):
+        require_cuda("learner.weight_sync=nccl")
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
+
+        self.source = _TensorSource()
+        self.groups = []
+        for i, client in enumerate(clients):
+            sync_client = ZmqWeightSyncClient(client, cfg.push_timeout_s)
+            info = NCCLTrainerInitInfo(master_address=cfg.nccl_address, master_port=cfg.nccl_port + i,
+                                       world_size=1 + tensor_parallel_size, rank=0)
+            self.groups.append((sync_client, NCCLTrainerWeightTransferEngine.trainer_init(info, client=sync_client, source=self.source)))
+            log.info("NCCL weight transfer group %d ready with %s", i, client.endpoint)
+
+    def push(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> float:
+        t0 = time.perf_counter()
+        self.source.tensors = [(name, t.to("cuda", non_blocking=True)) for name, t in tensors]
+        for sync_client, engine in self.groups:
+            sync_client.version = version
+            engine.send_weights()
+        return time.perf_counter() - t0
+
+
+class _TensorSource:
+    """vLLM's WeightSource contract (metadata + a fresh iteration per push) over a tensor list."""
+
+    def __init__(self) -> None:
+        self.tensors: list[tuple[str, torch.Tensor]] = []
+
+    def metadata(self):
+        from vllm.distributed.weight_transfer.base import ParamMeta
+
+        return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.tensors]
+
+    def __iter__(self):
+        return iter(self.tensors)
 
 
 def write_weight_file(tensors: list[tuple[str, torch.Tensor]], directory: str, version: int) -> tuple[str, str]:

@@ -1,9 +1,12 @@
 """A real policy server (vLLM engine in its own process): generation, log-prob agreement with the
-learner's model, weight updates over ZeroMQ, and rejection of bad input."""
+learner's model, weight updates by every CPU method (zmq frames, a shared-memory file, a learner
+checkpoint), abort-and-retry of a generation caught by an update, and rejection of bad input."""
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -11,14 +14,16 @@ import torch
 import zmq
 
 from common.model_prep import resolve_model
+from deploy.monitor import scrape, total
 from learner.policy_model import load_policy, response_logprobs
 from learner.weight_push import build_chunks, push_weight_file, push_weights, weight_tensors, write_weight_file
 from protocol import Client, RemoteError
-from protocol.messages import GenerateRequest, GenerateResponse, Ping, Pong, WeightChunk, WeightFile
+from protocol.messages import GenerateRequest, GenerateResponse, Ping, Pong, WeightChunk, WeightFile, file_checksum
 from protocol.transport import wait_until_ready
 
 pytestmark = pytest.mark.integration
 ENDPOINT = "tcp://127.0.0.1:25550"
+METRICS_PORT = 29100
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +37,12 @@ def greedy(client: Client, prompt: np.ndarray) -> GenerateResponse:
     return reply
 
 
+def perturb(model) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+
+
 def learner_logprobs(model, prompt: np.ndarray, response: GenerateResponse) -> np.ndarray:
     with torch.no_grad():
         return response_logprobs(model, torch.from_numpy(prompt.astype(np.int64)), torch.from_numpy(response.token_ids.astype(np.int64))).numpy()
@@ -39,7 +50,8 @@ def learner_logprobs(model, prompt: np.ndarray, response: GenerateResponse) -> n
 
 def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
-    server = start_role("actors.policy_server", [f"endpoints.policy_servers=[{ENDPOINT}]", "metrics.base_port=29100", f"run_dir={tmp_path}"], "policy_server")
+    server = start_role("actors.policy_server", [f"endpoints.policy_servers=[{ENDPOINT}]", f"metrics.base_port={METRICS_PORT}",
+                                                f"run_dir={tmp_path}", "policy_server.on_update=abort"], "policy_server")
     ctx = zmq.Context.instance()
     client = Client(ctx, ENDPOINT, timeout_s=120)
     try:
@@ -65,9 +77,7 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
 
     # perturb every tensor (the tied embedding too) and push it as version 1
     torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
+    perturb(model)
     seconds = push_weights([client], build_chunks(weight_tensors(model), version=1, chunk_bytes=32 << 20), timeout_s=300)
     assert seconds > 0
     after = greedy(client, prompt)
@@ -76,10 +86,8 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     # the server now computes exactly what the learner's updated weights compute (lm_head included)
     assert np.abs(learner_logprobs(model, prompt, after) - after.logprobs).max() < 1e-3
 
-    # the same through a weight file in shared memory (learner.weight_sync=file): version 2
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
+    # the same through a weight file in shared memory (learner.weight_sync=shm): version 2
+    perturb(model)
     path, checksum = write_weight_file(weight_tensors(model), "/dev/shm", version=2)
     try:
         with pytest.raises(RemoteError) as err:  # a wrong checksum is refused
@@ -91,10 +99,42 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     via_file = greedy(client, prompt)
     assert via_file.policy_version == 2
     assert np.abs(learner_logprobs(model, prompt, via_file) - via_file.logprobs).max() < 1e-3
-    outside = tmp_path / "w.safetensors"  # only policy_server.allowed_weight_dirs are read
+
+    # from a learner checkpoint in the run directory (learner.weight_sync=checkpoint): version 3
+    perturb(model)
+    checkpoint = tmp_path / "checkpoints" / "step_000003"
+    model.save_pretrained(checkpoint)  # the HF format: the tied lm_head is not in the file
+    weights = str(checkpoint / "model.safetensors")
+    push_weight_file([client], weights, file_checksum(weights), version=3, timeout_s=300)
+    via_checkpoint = greedy(client, prompt)
+    assert via_checkpoint.policy_version == 3
+    assert np.abs(learner_logprobs(model, prompt, via_checkpoint) - via_checkpoint.logprobs).max() < 1e-3
+
+    # on_update=abort: a long generation caught by an update is aborted and run again, wholly on
+    # the new weights (the perturbed model rarely samples EOS, so 1000 tokens take many seconds)
+    replies = []
+    long_client = Client(ctx, ENDPOINT, timeout_s=300)
+    generation = threading.Thread(target=lambda: replies.append(long_client.call(GenerateRequest(
+        request_id="long", prompt_token_ids=prompt, max_tokens=1000, temperature=1.0, seed=1))))
+    generation.start()
+    deadline = time.monotonic() + 60
+    while total(scrape("127.0.0.1", METRICS_PORT), "empo2_policy_server_requests_in_flight") < 1:
+        assert time.monotonic() < deadline, "the long generation never started"
+        time.sleep(0.05)
+    perturb(model)
+    push_weights([client], build_chunks(weight_tensors(model), version=4, chunk_bytes=32 << 20), timeout_s=300)
+    generation.join(300)
+    long_client.close()
+    (reply,) = replies
+    assert isinstance(reply, GenerateResponse) and reply.policy_version == 4
+    assert total(scrape("127.0.0.1", METRICS_PORT), "empo2_policy_server_requests_retried_total") == 1
+    # all of the response is the new policy's: its log-probs are the updated learner's
+    assert np.abs(learner_logprobs(model, prompt, reply) - reply.logprobs).max() < 1e-3
+
+    outside = tmp_path / "w.safetensors"  # only policy_server.allowed_weight_dirs and the run's checkpoints are read
     outside.write_bytes(b"")
     with pytest.raises(RemoteError) as err:
-        client.call(WeightFile(version=3, path=str(outside), checksum="0" * 32))
+        client.call(WeightFile(version=5, path=str(outside), checksum="0" * 32))
     assert err.value.reason == "weight_update_rejected" and "allowed_weight_dirs" in str(err.value)
 
     # hostile bytes get an ErrorReply and the server keeps serving

@@ -43,6 +43,8 @@ from protocol.messages import (
     Wait,
     WeightChunk,
     WeightFile,
+    NcclTransferInit,
+    NcclTransferUpdate,
     WeightUpdateAck,
     weights_checksum,
 )
@@ -130,6 +132,14 @@ SAMPLES: dict[str, callable] = {
     "weight_chunk": _weight_chunk,
     "weight_update_ack": lambda: WeightUpdateAck(version=3, chunk_index=1, applied=True, apply_seconds=1.5),
     "weight_file": lambda: WeightFile(version=4, path="/dev/shm/empo2-weights-1-v4.safetensors", checksum="ab" * 16),
+    "nccl_transfer_init": lambda: NcclTransferInit(
+        master_address="10.0.0.1", master_port=29600, rank_offset=1, world_size=3, packed=True,
+        packed_buffer_size_bytes=1 << 30, packed_num_buffers=2,
+    ),
+    "nccl_transfer_update": lambda: NcclTransferUpdate(
+        version=5, names=["model.embed_tokens.weight", "model.norm.weight"], dtype_names=["bfloat16", "float32"],
+        shapes=[[49152, 576], [576]],
+    ),
     "assignment_request": lambda: AssignmentRequest(actor_id="actor-1"),
     "assignment": lambda: Assignment(
         group_id="g1", slot=3, task="boil", variation=11, mode=OFF_POLICY, seed=2**31 - 1
@@ -582,6 +592,10 @@ INVALID = {
     "generate_response_length_mismatch": (
         _replace(SAMPLES["generate_response"](), logprobs=np.zeros(2, np.float32)), "length differ"),
     "assignment_unknown_mode": (_replace(SAMPLES["assignment"](), mode="greedy"), "unknown mode"),
+    "nccl_init_rank_offset_zero": (_replace(SAMPLES["nccl_transfer_init"](), rank_offset=0), "rank_offset"),
+    "nccl_init_bad_port": (_replace(SAMPLES["nccl_transfer_init"](), master_port=70000), "port"),
+    "nccl_update_lengths_differ": (_replace(SAMPLES["nccl_transfer_update"](), shapes=[[1]]), "lengths"),
+    "nccl_update_unknown_dtype": (_replace(SAMPLES["nccl_transfer_update"](), dtype_names=["int8", "float32"]), "dtypes"),
     "weight_chunk_index_equals_count": (_replace(_weight_chunk(), chunk_index=2, num_chunks=2), "chunk"),
     "weight_chunk_negative_index": (_replace(_weight_chunk(), chunk_index=-1), "chunk"),
     "weight_chunk_negative_version": (_replace(_weight_chunk(), version=-1), "negative version"),
