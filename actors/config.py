@@ -30,6 +30,8 @@ class EnvActorConfig:
     envs_per_actor: int = 1  # ScienceWorld envs (one JVM and one thread each) played concurrently by one process
     server_selection: str = "least_loaded"  # "least_loaded" (fewest requests in flight from this process) | "round_robin"
     max_steps: int = 30  # step limit per episode
+    max_steps_per_task: dict[str, int] = field(default_factory=dict)  # per-task limits over max_steps,
+    #                           e.g. +env_actor.max_steps_per_task.boil=60 ("+": Hydra adds a key to the map)
     history_window: int = 4  # past (action, observation) pairs shown in the prompt
     max_action_tokens: int = 32  # generation cap for an action
     temperature: float = 1.0  # sampling temperature in training (0.4 at evaluation)

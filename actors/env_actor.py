@@ -65,8 +65,12 @@ class EpisodeStats:
 
 
 class EpisodeRunner:
-    def __init__(self, env: ScienceWorld, prompts: PromptBuilder, max_steps: int):
-        self.env, self.prompts, self.max_steps = env, prompts, max_steps
+    def __init__(self, env: ScienceWorld, prompts: PromptBuilder, max_steps: int, max_steps_per_task: dict[str, int] | None = None):
+        self.env, self.prompts = env, prompts
+        self.max_steps, self.max_steps_per_task = max_steps, dict(max_steps_per_task or {})
+
+    def step_limit(self, task: str) -> int:
+        return self.max_steps_per_task.get(task, self.max_steps)
 
     def play(self, a: Assignment, actor_id: str, generate: GenerateFn, retrieve: RetrieveFn) -> tuple[Trajectory, EpisodeStats]:
         stats = EpisodeStats()
@@ -74,7 +78,7 @@ class EpisodeRunner:
         task = self.env.task_description
         history: list[tuple[str, str]] = []
         turns: list[Turn] = []
-        for t in range(self.max_steps):
+        for t in range(self.step_limit(a.task)):
             t0 = time.perf_counter()
             tips, n = [], 0
             if a.mode in TIP_MODES:
@@ -123,8 +127,9 @@ def open_episode_runner(cfg: PipelineConfig) -> EpisodeRunner:
 
     acfg = cfg.env_actor
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model.name, cfg.model.cache_dir or None))
-    env = ScienceWorld(acfg.simplification, step_limit=max(100, acfg.max_steps + 1))
-    return EpisodeRunner(env, PromptBuilder(tokenizer, acfg.history_window), acfg.max_steps)
+    longest = max([acfg.max_steps, *acfg.max_steps_per_task.values()])
+    env = ScienceWorld(acfg.simplification, step_limit=max(100, longest + 1))  # our limit ends episodes, not the env's
+    return EpisodeRunner(env, PromptBuilder(tokenizer, acfg.history_window), acfg.max_steps, acfg.max_steps_per_task)
 
 
 class ServerChooser:

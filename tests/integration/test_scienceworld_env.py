@@ -1,0 +1,57 @@
+"""The env actor's episode logic on a live ScienceWorld (a real JVM): generated text that is not a
+valid action is mapped to the most similar valid action of the *current* state and the step
+goes through, and per-task step limits end episodes. The policy is not under test here: the
+generation function returns fixed texts (the real policy's path is the e2e test's)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from actors.env_actor import open_episode_runner
+from actors.scienceworld_env import most_similar_action
+from common.config import load_config
+from protocol.messages import ON_POLICY, Assignment, GenerateResponse
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def runner():
+    cfg = load_config(["env_actor.max_steps=3", "+env_actor.max_steps_per_task.find-plant=2"])
+    runner = open_episode_runner(cfg)
+    yield runner
+    runner.env.close()
+
+
+def test_invalid_text_maps_to_a_valid_action_of_the_live_state(runner):
+    env = runner.env
+    state = env.reset("find-living-thing", 0)
+    moves = [a for a in state.valid_actions if a.startswith("go to ")]
+    assert moves, state.valid_actions[:20]
+    target = moves[0]
+    # what a small model writes: capitals, a prompt arrow, an extra word, a trailing sentence
+    garbled = f"> {target.upper()} NOW.\nI think that is best."
+    action, mapped = most_similar_action(garbled, state.valid_actions)
+    assert mapped and action == target
+    after = env.step(action)
+    assert "No known action" not in after.observation and after.observation.strip()
+    assert after.observation != state.observation
+
+    # text with no word in common still yields an action of the current list, which the env accepts
+    action, mapped = most_similar_action("qwerty zxcv", after.valid_actions)
+    assert mapped and action in after.valid_actions
+    assert "No known action" not in env.step(action).observation
+
+
+def _look_around(prompt_ids: np.ndarray, seed: int) -> GenerateResponse:
+    return GenerateResponse(request_id="r", token_ids=np.array([1, 2], np.int32), logprobs=np.array([-0.1, -0.2], np.float32),
+                            text="look around please", policy_version=0, finish_reason="stop")
+
+
+@pytest.mark.parametrize("task, turns", [("find-plant", 2), ("find-living-thing", 3)])
+def test_per_task_step_limits(runner, task, turns):
+    assignment = Assignment(group_id="g", slot=0, task=task, variation=0, mode=ON_POLICY, seed=1)
+    trajectory, stats = runner.play(assignment, "actor-test", _look_around, lambda *a: None)
+    assert trajectory.num_turns == turns and not trajectory.done
+    assert trajectory.actions == ["look around"] * turns and stats.invalid_actions == turns
