@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,10 +34,12 @@ from protocol.messages import (
 log = logging.getLogger(__name__)
 
 
-def weight_tensors(model) -> list[tuple[str, torch.Tensor]]:
-    """HF-named tensors a server needs; a tied lm_head is skipped (the server ties it itself)."""
+def weight_tensors(model, state_dict: dict[str, torch.Tensor] | None = None) -> list[tuple[str, torch.Tensor]]:
+    """HF-named tensors a server needs; a tied lm_head is skipped (the server ties it itself).
+    state_dict: the full weights when the model is sharded (learner/distributed.py); else its own."""
     tied = getattr(model.config, "tie_word_embeddings", False)
-    return [(name, t.detach()) for name, t in model.state_dict().items() if not (tied and name == "lm_head.weight")]
+    state_dict = model.state_dict() if state_dict is None else state_dict
+    return [(name, t.detach()) for name, t in state_dict.items() if not (tied and name == "lm_head.weight")]
 
 
 def build_chunks(tensors: list[tuple[str, torch.Tensor]], version: int, chunk_bytes: int) -> list[WeightChunk]:
@@ -59,9 +62,20 @@ def build_chunks(tensors: list[tuple[str, torch.Tensor]], version: int, chunk_by
     ]
 
 
-def push_weights(clients: list[Client], chunks: list[WeightChunk], timeout_s: float) -> float:
-    """Send every chunk to every server; returns the wall time until all report the version live."""
-    t0 = time.perf_counter()
+@dataclass
+class PushTiming:
+    seconds: float  # wall time from the first byte sent until every server runs the new version
+    engine_seconds: float  # the part spent inside the servers' engines loading it (summed over servers)
+
+    @property
+    def transport_seconds(self) -> float:
+        """Writing, sending, verifying: everything but the engine's own load."""
+        return self.seconds - self.engine_seconds
+
+
+def push_weights(clients: list[Client], chunks: list[WeightChunk], timeout_s: float) -> PushTiming:
+    """Send every chunk to every server; returns the timing until all report the version live."""
+    t0, engine_s = time.perf_counter(), 0.0
     for client in clients:
         for chunk in chunks:
             ack = client.call(chunk, timeout_s=timeout_s)
@@ -70,7 +84,8 @@ def push_weights(clients: list[Client], chunks: list[WeightChunk], timeout_s: fl
         if not (ack.applied and ack.version == chunks[-1].version):
             raise RuntimeError(f"{client.endpoint} did not apply version {chunks[-1].version}: {ack}")
         log.info("%s now serves v%d (engine reload %.2fs)", client.endpoint, ack.version, ack.apply_seconds)
-    return time.perf_counter() - t0
+        engine_s += ack.apply_seconds
+    return PushTiming(time.perf_counter() - t0, engine_s)
 
 
 class WeightPusher:
@@ -82,8 +97,8 @@ class WeightPusher:
         self.cfg, self.clients = cfg, clients
         self.nccl = NcclWeightPusher(cfg, clients, tensor_parallel_size) if cfg.weight_sync == "nccl" else None
 
-    def push(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> float:
-        """zmq, shm or nccl: the wall seconds until every server runs `version`."""
+    def push(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> PushTiming:
+        """zmq, shm or nccl: every server runs `version` when this returns."""
         if self.cfg.weight_sync == "zmq":
             return push_weights(self.clients, build_chunks(tensors, version, self.cfg.weight_chunk_bytes), self.cfg.push_timeout_s)
         if self.cfg.weight_sync == "nccl":
@@ -91,19 +106,17 @@ class WeightPusher:
         t0 = time.perf_counter()
         path, checksum = write_weight_file(tensors, self.cfg.weight_dir, version)
         try:
-            push_weight_file(self.clients, path, checksum, version, self.cfg.push_timeout_s)
+            timing = push_weight_file(self.clients, path, checksum, version, self.cfg.push_timeout_s)
         finally:
             os.remove(path)  # every server has loaded it (or the push failed)
-        return time.perf_counter() - t0
+        return PushTiming(time.perf_counter() - t0, timing.engine_seconds)
 
-    def push_checkpoint(self, checkpoint_dir: Path, version: int) -> float:
+    def push_checkpoint(self, checkpoint_dir: Path, version: int) -> PushTiming:
         """checkpoint: the servers load the model file of a checkpoint the learner just wrote."""
-        t0 = time.perf_counter()
         path = Path(checkpoint_dir) / "model.safetensors"
         if not path.is_file():
             raise RuntimeError(f"{checkpoint_dir} has no single model.safetensors (sharded checkpoints are not supported by weight_sync=checkpoint)")
-        push_weight_file(self.clients, str(path.resolve()), file_checksum(str(path)), version, self.cfg.push_timeout_s)
-        return time.perf_counter() - t0
+        return push_weight_file(self.clients, str(path.resolve()), file_checksum(str(path)), version, self.cfg.push_timeout_s)
 
 
 def require_cuda(what: str) -> None:
@@ -164,13 +177,14 @@ class NcclWeightPusher:
             self.groups.append((sync_client, NCCLTrainerWeightTransferEngine.trainer_init(info, client=sync_client, source=self.source)))
             log.info("NCCL weight transfer group %d ready with %s", i, client.endpoint)
 
-    def push(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> float:
+    def push(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> PushTiming:
         t0 = time.perf_counter()
         self.source.tensors = [(name, t.to("cuda", non_blocking=True)) for name, t in tensors]
         for sync_client, engine in self.groups:
             sync_client.version = version
             engine.send_weights()
-        return time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        return PushTiming(seconds, seconds)  # the receive is the load: NCCL writes into the engine's buffers
 
 
 class _TensorSource:
@@ -199,12 +213,13 @@ def write_weight_file(tensors: list[tuple[str, torch.Tensor]], directory: str, v
     return str(path), file_checksum(str(path))
 
 
-def push_weight_file(clients: list[Client], path: str, checksum: str, version: int, timeout_s: float) -> float:
-    """Announce a written weight file to every server; returns the wall time until all run it."""
-    t0 = time.perf_counter()
+def push_weight_file(clients: list[Client], path: str, checksum: str, version: int, timeout_s: float) -> PushTiming:
+    """Announce a written weight file to every server; returns the timing until all run it."""
+    t0, engine_s = time.perf_counter(), 0.0
     for client in clients:
         ack = client.call(WeightFile(version=version, path=path, checksum=checksum), timeout_s=timeout_s)
         if not (isinstance(ack, WeightUpdateAck) and ack.applied and ack.version == version):
             raise RuntimeError(f"{client.endpoint} did not apply version {version}: {ack}")
         log.info("%s now serves v%d from %s (engine reload %.2fs)", client.endpoint, version, path, ack.apply_seconds)
-    return time.perf_counter() - t0
+        engine_s += ack.apply_seconds
+    return PushTiming(time.perf_counter() - t0, engine_s)
