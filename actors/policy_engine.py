@@ -133,6 +133,7 @@ class PolicyEngine:
         )
         log.info("starting vLLM engine: model=%s device=%s dtype=%s", model_path, device, dtype)
         self.engine = AsyncLLM.from_engine_args(args)
+        self.model_path = model_path  # the base a LoRA adapter is merged onto
         self.version = initial_version
         self.gate = VersionGate()
         self.abort_on_update = cfg.on_update == "abort"
@@ -181,9 +182,11 @@ class PolicyEngine:
         for run in self._running:
             run.cancel()  # vLLM aborts a request whose output stream is cancelled
 
-    async def load_weights(self, path: str, version: int) -> None:
-        """Apply a staged safetensors file in every worker (zmq, shm and checkpoint sync)."""
-        counts = await self._update(version, lambda: self.engine.collective_rpc("load_weights_from_file", args=(path,)))
+    async def load_weights(self, path: str, version: int, lora_scale: float = 0.0) -> None:
+        """Apply a staged safetensors file in every worker (zmq, shm and checkpoint sync); with
+        lora_scale > 0 it holds a LoRA adapter, merged onto the base model in the workers."""
+        rpc_args = (path, self.model_path, lora_scale)
+        counts = await self._update(version, lambda: self.engine.collective_rpc("load_weights_from_file", args=rpc_args))
         log.info("weights v%d live (%s tensors per worker)", version, counts)
 
     async def init_weight_transfer(self, init_info: dict) -> None:

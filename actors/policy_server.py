@@ -143,7 +143,7 @@ class PolicyServer:
         if staged is None:
             await self._send(identity, WeightUpdateAck(version=self.engine.version, chunk_index=chunk.chunk_index, applied=False))
             return
-        self._spawn(self._apply(identity, chunk.version, chunk.chunk_index, staged, self._update_t0, remove_after=True))
+        self._spawn(self._apply(identity, chunk.version, chunk.chunk_index, staged, self._update_t0, chunk.lora_scale, remove_after=True))
 
     async def _weight_file(self, identity: bytes, update: WeightFile) -> None:
         """Verify the file's checksum (off the event loop: it reads every byte), then apply it
@@ -164,7 +164,7 @@ class PolicyServer:
             await self._send(identity, ErrorReply(reason="weight_update_rejected", detail=f"v{update.version}: checksum {actual} != {update.checksum}"))
             return
         self.metrics.weight_update_bytes.inc(os.path.getsize(real))
-        await self._apply(identity, update.version, 0, real, t0)
+        await self._apply(identity, update.version, 0, real, t0, update.lora_scale)
 
     async def _nccl_transfer(self, identity: bytes, msg: NcclTransferInit | NcclTransferUpdate) -> None:
         """learner.weight_sync=nccl: the learner's vLLM trainer engine drives these; the tensors
@@ -184,12 +184,13 @@ class PolicyServer:
             return
         await self._updated(identity, msg.version, 0, time.perf_counter() - t0, t0)
 
-    async def _apply(self, identity: bytes, version: int, chunk_index: int, path: str, t0: float, remove_after: bool = False) -> None:
+    async def _apply(self, identity: bytes, version: int, chunk_index: int, path: str, t0: float, lora_scale: float = 0.0,
+                     remove_after: bool = False) -> None:
         """Load the weights at `path` into the engine; a file this server staged itself is deleted
         afterwards (the engine holds the tensors now; in /dev/shm it would hold ~0.5 GB of RAM)."""
         t_apply = time.perf_counter()
         try:
-            await self.engine.load_weights(path, version)
+            await self.engine.load_weights(path, version, lora_scale)
         except Exception as exc:
             self.metrics.errors.labels("weight_update").inc()
             log.exception("applying weights v%d failed", version)

@@ -36,8 +36,9 @@ _cap_shm_busy_loop()  # runs when the vLLM worker imports this extension
 
 
 class WeightUpdateExtension:
-    def load_weights_from_file(self, path: str) -> int:
-        """Load a safetensors file of HF-named tensors into the running model, in place.
+    def load_weights_from_file(self, path: str, lora_base_dir: str = "", lora_scale: float = 0.0) -> int:
+        """Load a safetensors file of HF-named tensors into the running model, in place; with
+        lora_scale > 0 the file is a LoRA adapter, merged onto the base model in `lora_base_dir`.
 
         `reload_weights(..., is_checkpoint_format=True)` applies the model's own checkpoint
         loader, including the CPU backend's repacking of linear weights that a plain
@@ -47,6 +48,10 @@ class WeightUpdateExtension:
 
         with safe_open(path, framework="pt") as f:
             weights = [(name, f.get_tensor(name)) for name in f.keys()]
+        if lora_scale > 0:
+            from actors.weight_receiver import merged_lora_weights
+
+            weights = merged_lora_weights(lora_base_dir, dict(weights), lora_scale)
         self.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
         self._retie_lm_head()
         return len(weights)

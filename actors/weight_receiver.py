@@ -1,4 +1,5 @@
-"""Assemble WeightChunk messages into one verified update staged as a safetensors file.
+"""Assemble WeightChunk messages into one verified update staged as a safetensors file, and merge
+a LoRA adapter onto the base model for adapter-only updates.
 
 Plain logic, no sockets: the policy server feeds chunks in, gets a staged file path back when an
 update is complete and its checksum matches. The file is written directly in the safetensors
@@ -13,6 +14,8 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
 
 from protocol.messages import TensorMeta, WeightChunk, weights_checksum
 
@@ -60,11 +63,40 @@ class WeightAssembler:
         self._chunks = {}
         metas = [m for c in ordered for m in c.tensors]
         buffers = [memoryview(d) for c in ordered for d in c.data]
-        if any(c.checksum != chunk.checksum for c in ordered):
-            raise WeightUpdateError(f"v{chunk.version}: chunks disagree on the checksum")
+        if any((c.checksum, c.lora_scale) != (chunk.checksum, chunk.lora_scale) for c in ordered):
+            raise WeightUpdateError(f"v{chunk.version}: chunks disagree on the checksum or the LoRA scale")
         actual = weights_checksum(buffers)
         if actual != chunk.checksum:
             raise WeightUpdateError(f"v{chunk.version}: checksum {actual} != announced {chunk.checksum}")
         path = Path(self.staging_dir) / f"empo2-weights-{self.server_id}.safetensors"
         write_safetensors(path, metas, buffers)
         return str(path)
+
+
+def merged_lora_weights(base_dir: str, adapter: dict[str, torch.Tensor], scale: float) -> list[tuple[str, torch.Tensor]]:
+    """The base model's tensors (HF safetensors in `base_dir`, memory-mapped) with each adapted
+    module's weight replaced by W0 + scale * B @ A; `adapter` holds `<module>.lora_A.weight` and
+    `<module>.lora_B.weight` pairs. Checked in full before anything is returned, so a bad adapter
+    is refused before the engine loads a single tensor."""
+    from safetensors import safe_open
+
+    modules = {name.removesuffix(".lora_A.weight") for name in adapter if name.endswith(".lora_A.weight")}
+    expected = {f"{m}.lora_{x}.weight" for m in modules for x in "AB"}
+    if set(adapter) != expected:
+        raise WeightUpdateError(f"LoRA update: unpaired or unknown tensors {sorted(set(adapter) ^ expected)[:5]}")
+    handles = [safe_open(str(f), framework="pt") for f in sorted(Path(base_dir).glob("*.safetensors"))]
+    base_names = {name for h in handles for name in h.keys()}
+    if missing := sorted(m for m in modules if f"{m}.weight" not in base_names):
+        raise WeightUpdateError(f"LoRA update: no base weight for {missing[:5]}")
+    merged = []
+    for handle in handles:
+        for name in handle.keys():
+            weight = handle.get_tensor(name)  # a view of the mapped file
+            module = name.removesuffix(".weight")
+            if module in modules:
+                a, b = adapter[f"{module}.lora_A.weight"].float(), adapter[f"{module}.lora_B.weight"].float()
+                if (b.shape[0], a.shape[1]) != tuple(weight.shape) or a.shape[0] != b.shape[1]:
+                    raise WeightUpdateError(f"LoRA update: {module} B{list(b.shape)} A{list(a.shape)} do not fit W{list(weight.shape)}")
+                weight = (weight.float() + scale * (b @ a)).to(weight.dtype)
+            merged.append((name, weight))
+    return merged

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from learner.config import LearnerConfig
+from learner.lora import adapter_tensors, is_lora
 from protocol import Client
 from protocol.messages import (
     WEIGHT_SYNC_METHODS, NcclTransferInit, NcclTransferUpdate, TensorMeta, WeightChunk, WeightFile, WeightUpdateAck,
@@ -35,14 +36,17 @@ log = logging.getLogger(__name__)
 
 
 def weight_tensors(model, state_dict: dict[str, torch.Tensor] | None = None) -> list[tuple[str, torch.Tensor]]:
-    """HF-named tensors a server needs; a tied lm_head is skipped (the server ties it itself).
-    state_dict: the full weights when the model is sharded (learner/distributed.py); else its own."""
+    """HF-named tensors a server needs: the adapter alone for a LoRA policy (learner/lora.py), else
+    every weight but a tied lm_head (the server ties it itself). state_dict: the full weights when
+    the model is sharded (learner/distributed.py); else its own."""
+    if is_lora(model):
+        return adapter_tensors(model)
     tied = getattr(model.config, "tie_word_embeddings", False)
     state_dict = model.state_dict() if state_dict is None else state_dict
     return [(name, t.detach()) for name, t in state_dict.items() if not (tied and name == "lm_head.weight")]
 
 
-def build_chunks(tensors: list[tuple[str, torch.Tensor]], version: int, chunk_bytes: int) -> list[WeightChunk]:
+def build_chunks(tensors: list[tuple[str, torch.Tensor]], version: int, chunk_bytes: int, lora_scale: float = 0.0) -> list[WeightChunk]:
     views = []
     for name, t in tensors:
         cpu = t.to("cpu").contiguous()
@@ -57,7 +61,8 @@ def build_chunks(tensors: list[tuple[str, torch.Tensor]], version: int, chunk_by
         size += view.nbytes
     groups.append(current)
     return [
-        WeightChunk(version=version, chunk_index=i, num_chunks=len(groups), tensors=[m for m, _ in g], data=[v for _, v in g], checksum=checksum)
+        WeightChunk(version=version, chunk_index=i, num_chunks=len(groups), tensors=[m for m, _ in g], data=[v for _, v in g],
+                    checksum=checksum, lora_scale=lora_scale)
         for i, g in enumerate(groups)
     ]
 
@@ -97,16 +102,19 @@ class WeightPusher:
         self.cfg, self.clients = cfg, clients
         self.nccl = NcclWeightPusher(cfg, clients, tensor_parallel_size) if cfg.weight_sync == "nccl" else None
 
-    def push(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> PushTiming:
-        """zmq, shm or nccl: every server runs `version` when this returns."""
+    def push(self, tensors: list[tuple[str, torch.Tensor]], version: int, lora_scale: float = 0.0) -> PushTiming:
+        """zmq, shm or nccl: every server runs `version` when this returns. lora_scale > 0: the
+        tensors are a LoRA adapter (adapter-only push; zmq and shm)."""
+        if lora_scale and self.cfg.weight_sync == "nccl":
+            raise ValueError("adapter-only LoRA pushes travel by learner.weight_sync=zmq or shm, not nccl")
         if self.cfg.weight_sync == "zmq":
-            return push_weights(self.clients, build_chunks(tensors, version, self.cfg.weight_chunk_bytes), self.cfg.push_timeout_s)
+            return push_weights(self.clients, build_chunks(tensors, version, self.cfg.weight_chunk_bytes, lora_scale), self.cfg.push_timeout_s)
         if self.cfg.weight_sync == "nccl":
             return self.nccl.push(tensors, version)
         t0 = time.perf_counter()
         path, checksum = write_weight_file(tensors, self.cfg.weight_dir, version)
         try:
-            timing = push_weight_file(self.clients, path, checksum, version, self.cfg.push_timeout_s)
+            timing = push_weight_file(self.clients, path, checksum, version, self.cfg.push_timeout_s, lora_scale)
         finally:
             os.remove(path)  # every server has loaded it (or the push failed)
         return PushTiming(time.perf_counter() - t0, timing.engine_seconds)
@@ -213,11 +221,11 @@ def write_weight_file(tensors: list[tuple[str, torch.Tensor]], directory: str, v
     return str(path), file_checksum(str(path))
 
 
-def push_weight_file(clients: list[Client], path: str, checksum: str, version: int, timeout_s: float) -> PushTiming:
+def push_weight_file(clients: list[Client], path: str, checksum: str, version: int, timeout_s: float, lora_scale: float = 0.0) -> PushTiming:
     """Announce a written weight file to every server; returns the timing until all run it."""
     t0, engine_s = time.perf_counter(), 0.0
     for client in clients:
-        ack = client.call(WeightFile(version=version, path=path, checksum=checksum), timeout_s=timeout_s)
+        ack = client.call(WeightFile(version=version, path=path, checksum=checksum, lora_scale=lora_scale), timeout_s=timeout_s)
         if not (isinstance(ack, WeightUpdateAck) and ack.applied and ack.version == version):
             raise RuntimeError(f"{client.endpoint} did not apply version {version}: {ack}")
         log.info("%s now serves v%d from %s (engine reload %.2fs)", client.endpoint, version, path, ack.apply_seconds)

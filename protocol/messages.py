@@ -136,6 +136,16 @@ class TensorMeta:
     shape: list[int]
 
 
+# WeightChunk/WeightFile.lora_scale: 0 means the tensors are full HF weights. Above 0 they are a
+# LoRA adapter only (learner.lora_rank): pairs `<module>.lora_A.weight` [r, in] and
+# `<module>.lora_B.weight` [out, r], which the server merges onto its base model as
+# W = W0 + lora_scale * B @ A (an adapter-only push: ~1% of the bytes of the full model).
+
+
+def _check_lora_scale(scale: float) -> None:
+    _check(0.0 <= scale < 1e6, "lora_scale must be >= 0 and finite")
+
+
 @register
 @dataclass
 class WeightChunk(Message):
@@ -152,9 +162,11 @@ class WeightChunk(Message):
     tensors: list[TensorMeta]
     data: list[np.ndarray]  # uint8 [nbytes] per tensor, same order as `tensors`
     checksum: str  # weights_checksum: XXH3-128 hex over all tensors' bytes of the whole update, in order
+    lora_scale: float = 0.0  # 0: full weights; > 0: a LoRA adapter the server merges (above WeightChunk)
 
     def validate(self) -> None:
         _check(self.version >= 0, "negative version")
+        _check_lora_scale(self.lora_scale)
         _check(0 <= self.chunk_index < self.num_chunks <= 100_000, "bad chunk index/count")
         _check(len(self.tensors) == len(self.data), "tensors/data length differ")
         _check(all(d.dtype == np.uint8 and d.ndim == 1 for d in self.data), "data must be uint8[n]")
@@ -200,9 +212,11 @@ class WeightFile(Message):
     version: int  # policy version these weights become
     path: str  # absolute path of a safetensors file of HF-named tensors
     checksum: str  # file_checksum(path), verified by the server before the update goes live
+    lora_scale: float = 0.0  # 0: full weights; > 0: a LoRA adapter the server merges (above WeightChunk)
 
     def validate(self) -> None:
         _check(self.version >= 0, "negative version")
+        _check_lora_scale(self.lora_scale)
         _check(self.path.startswith("/") and self.path.endswith(".safetensors"), "path must be an absolute .safetensors file")
 
 

@@ -1,6 +1,7 @@
 """A real policy server (vLLM engine in its own process): generation, log-prob agreement with the
 learner's model, weight updates by every CPU method (zmq frames, a shared-memory file, a learner
-checkpoint), abort-and-retry of a generation caught by an update, and rejection of bad input."""
+checkpoint, an adapter-only LoRA update), abort-and-retry of a generation caught by an update,
+and rejection of bad input."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import zmq
 
 from common.model_prep import resolve_model
 from deploy.monitor import scrape, total
+from learner.lora import apply_lora, lora_scale
 from learner.policy_model import load_policy, response_logprobs
 from learner.weight_push import build_chunks, push_weight_file, push_weights, weight_tensors, write_weight_file
 from protocol import Client, RemoteError
@@ -78,8 +80,8 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     # perturb every tensor (the tied embedding too) and push it as version 1
     torch.manual_seed(0)
     perturb(model)
-    seconds = push_weights([client], build_chunks(weight_tensors(model), version=1, chunk_bytes=32 << 20), timeout_s=300)
-    assert seconds > 0
+    timing = push_weights([client], build_chunks(weight_tensors(model), version=1, chunk_bytes=32 << 20), timeout_s=300)
+    assert 0 < timing.engine_seconds < timing.seconds  # the server reports its engine's part
     after = greedy(client, prompt)
     assert after.policy_version == 1
     assert not (np.array_equal(after.token_ids, before.token_ids) and np.allclose(after.logprobs, before.logprobs))
@@ -111,11 +113,12 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     assert np.abs(learner_logprobs(model, prompt, via_checkpoint) - via_checkpoint.logprobs).max() < 1e-3
 
     # on_update=abort: a long generation caught by an update is aborted and run again, wholly on
-    # the new weights (the perturbed model rarely samples EOS, so 1000 tokens take many seconds)
+    # the new weights (the perturbed model rarely samples EOS, so 300 tokens take many seconds;
+    # the update starts within a second of the generation and aborts it)
     replies = []
-    long_client = Client(ctx, ENDPOINT, timeout_s=300)
+    long_client = Client(ctx, ENDPOINT, timeout_s=900)
     generation = threading.Thread(target=lambda: replies.append(long_client.call(GenerateRequest(
-        request_id="long", prompt_token_ids=prompt, max_tokens=1000, temperature=1.0, seed=1))))
+        request_id="long", prompt_token_ids=prompt, max_tokens=300, temperature=1.0, seed=1))))
     generation.start()
     deadline = time.monotonic() + 60
     while total(scrape("127.0.0.1", METRICS_PORT), "empo2_policy_server_requests_in_flight") < 1:
@@ -123,7 +126,7 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
         time.sleep(0.05)
     perturb(model)
     push_weights([client], build_chunks(weight_tensors(model), version=4, chunk_bytes=32 << 20), timeout_s=300)
-    generation.join(300)
+    generation.join(900)
     long_client.close()
     (reply,) = replies
     assert isinstance(reply, GenerateResponse) and reply.policy_version == 4
@@ -131,10 +134,24 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     # all of the response is the new policy's: its log-probs are the updated learner's
     assert np.abs(learner_logprobs(model, prompt, reply) - reply.logprobs).max() < 1e-3
 
+    # an adapter-only LoRA push (learner.lora_rank > 0): the server merges it onto its base model
+    lora_model = apply_lora(load_policy(resolve_model("embedded:SmolLM2-135M-Instruct"))[0], rank=8, alpha=16,
+                            targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    with torch.no_grad():
+        for name, p in lora_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.02)
+    adapter = weight_tensors(lora_model)
+    assert sum(t.numel() for _, t in adapter) < 0.05 * sum(t.numel() for _, t in weight_tensors(model))
+    push_weights([client], build_chunks(adapter, version=5, chunk_bytes=32 << 20, lora_scale=lora_scale(lora_model)), timeout_s=300)
+    via_lora = greedy(client, prompt)
+    assert via_lora.policy_version == 5
+    assert np.abs(learner_logprobs(lora_model, prompt, via_lora) - via_lora.logprobs).max() < 1e-3
+
     outside = tmp_path / "w.safetensors"  # only policy_server.allowed_weight_dirs and the run's checkpoints are read
     outside.write_bytes(b"")
     with pytest.raises(RemoteError) as err:
-        client.call(WeightFile(version=5, path=str(outside), checksum="0" * 32))
+        client.call(WeightFile(version=6, path=str(outside), checksum="0" * 32))
     assert err.value.reason == "weight_update_rejected" and "allowed_weight_dirs" in str(err.value)
 
     # hostile bytes get an ErrorReply and the server keeps serving

@@ -1,0 +1,49 @@
+"""LoRA (learner.lora_rank > 0): low-rank adapters on the policy's linear projections (peft).
+
+Only the adapters train, and only they travel to the policy servers: an adapter-only push
+(WeightChunk / WeightFile with lora_scale > 0) that each server merges onto its own copy of the
+base model as W = W0 + scale * B @ A (actors/weight_receiver.py, merged_lora_weights).
+"""
+
+from __future__ import annotations
+
+import torch
+
+_ADAPTER = "default"  # peft's name for the one adapter
+
+
+def apply_lora(model, rank: int, alpha: float, targets: list[str]):
+    """Wrap an HF causal LM: base weights frozen, A random, B zero (the policy starts unchanged)."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, bias="none"))
+
+
+def is_lora(model) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def _lora_layers(model):
+    from peft.tuners.lora import LoraLayer
+
+    prefix = "base_model.model."  # PeftModel -> LoraModel -> the HF model: HF names follow
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer) and _ADAPTER in module.lora_A:
+            yield name.removeprefix(prefix), module
+
+
+def lora_scale(model) -> float:
+    """alpha / r, the factor the servers apply to B @ A (one value: every layer shares the config)."""
+    scales = {float(module.scaling[_ADAPTER]) for _, module in _lora_layers(model)}
+    if len(scales) != 1:
+        raise ValueError(f"LoRA layers disagree on the scale: {sorted(scales)}")
+    return scales.pop()
+
+
+def adapter_tensors(model) -> list[tuple[str, torch.Tensor]]:
+    """`<HF module>.lora_A.weight` [r, in] and `<HF module>.lora_B.weight` [out, r] per adapted module."""
+    tensors = []
+    for name, module in _lora_layers(model):
+        tensors.append((f"{name}.lora_A.weight", module.lora_A[_ADAPTER].weight.detach()))
+        tensors.append((f"{name}.lora_B.weight", module.lora_B[_ADAPTER].weight.detach()))
+    return tensors
