@@ -2,8 +2,11 @@
 model on the same batch, measured in the same run (ratios are what to compare; the machine is
 noisy). Tokens counted = prompt + response tokens processed by the forward pass.
 
-    .venv/bin/python benchmarks/learner_throughput.py [--samples 8] [--prompt-tokens 350] [--repeats 3]
+    .venv/bin/python -m benchmarks.learner_throughput [--samples 8] [--prompt-tokens 350] [--repeats 3]
+        [--micro-batch-tokens 4096]
 
+Learner: train_step on the Trainer's policy as the learner runs it (FSDP2-sharded, a process
+group of one), and on an unsharded copy (what sharding costs at world size 1).
 Baseline: for each sample, model(input_ids, labels=...) on the whole sequence (full-vocabulary
 logits at every position, HF's causal-LM loss), backward, then one AdamW step for the batch.
 """
@@ -12,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -22,7 +27,7 @@ from common.model_prep import resolve_model
 from learner.config import LearnerConfig
 from learner.policy_model import load_policy
 from learner.samples import TurnSample
-from learner.train import train_step
+from learner.train import Trainer, train_step
 from protocol.messages import ON_POLICY
 
 
@@ -62,26 +67,36 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=350)
     parser.add_argument("--response-tokens", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--micro-batch-tokens", type=int, default=LearnerConfig.micro_batch_tokens)
     parser.add_argument("--out", default="benchmarks/results/learner_throughput.json")
     args = parser.parse_args()
 
-    model, _ = load_policy(resolve_model("embedded:SmolLM2-135M-Instruct"))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-12)  # tiny lr: the weights barely move
+    path = resolve_model("embedded:SmolLM2-135M-Instruct")
+    # tiny lr: the weights barely move
+    cfg = LearnerConfig(lr=1e-12, low_prob_threshold=None, device="cpu", micro_batch_tokens=args.micro_batch_tokens)
+    trainer = Trainer(cfg, path, seed=0)
+    model, _ = load_policy(path)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     batch = make_batch(args.samples, args.prompt_tokens, args.response_tokens, model.config.vocab_size)
     tokens = sum(len(s.update_prompt) + len(s.response) for s in batch)
-    cfg = LearnerConfig(low_prob_threshold=None)
 
-    learner_s = timed(lambda: train_step(model, optimizer, batch, cfg, version=0), args.repeats)
+    learner_s = timed(lambda: train_step(trainer.scorer, trainer.optimizer, batch, cfg, version=0), args.repeats)
+    unsharded_s = timed(lambda: train_step(model, optimizer, batch, cfg, version=0), args.repeats)
     plain_s = timed(lambda: plain_step(model, optimizer, batch), args.repeats)
     result = {
+        "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_average_at_end": os.getloadavg()[0],
         "samples": args.samples, "tokens_per_step": tokens, "threads": torch.get_num_threads(),
-        "learner_tokens_per_s": tokens / learner_s, "plain_tokens_per_s": tokens / plain_s,
-        "ratio_learner_to_plain": plain_s / learner_s,
+        "micro_batch_tokens": args.micro_batch_tokens,
+        "learner_tokens_per_s": tokens / learner_s, "learner_unsharded_tokens_per_s": tokens / unsharded_s,
+        "plain_tokens_per_s": tokens / plain_s,
+        "ratio_learner_to_plain": plain_s / learner_s, "ratio_unsharded_to_plain": plain_s / unsharded_s,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"{'':24}{'tokens/s':>12}")
-    print(f"{'EMPO2 train_step':24}{result['learner_tokens_per_s']:12.1f}")
+    print(f"{'EMPO2 train_step (FSDP)':24}{result['learner_tokens_per_s']:12.1f}")
+    print(f"{'  same, unsharded':24}{result['learner_unsharded_tokens_per_s']:12.1f}")
     print(f"{'plain fwd+bwd+step':24}{result['plain_tokens_per_s']:12.1f}")
     print(f"ratio learner / plain: {result['ratio_learner_to_plain']:.2f}  ({tokens} tokens per step, {torch.get_num_threads()} threads)")
 

@@ -22,16 +22,19 @@ log = logging.getLogger(__name__)
 _STATE = "trainer_state.pt"
 
 
-def save_checkpoint(root: Path, version: int, model, tokenizer, stateful: dict, keep_last: int) -> Path:
-    """stateful: name -> object with state_dict() (optimizer, scheduler, ...), restored by load_trainer_state."""
+def save_checkpoint(root: Path, version: int, model, tokenizer, states: dict[str, dict], keep_last: int,
+                    weights: dict[str, torch.Tensor] | None = None) -> Path:
+    """states: name -> state dict (optimizer, scheduler, ...), loaded back into the objects of the
+    same names by load_trainer_state. weights: the full HF-named state dict (gathered from the
+    ranks, learner/distributed.py); None = the model's own."""
     path = root / f"step_{version:06d}"
     tmp = root / f".tmp_step_{version:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     torch.save({
         "version": version,
-        "stateful": {name: obj.state_dict() for name, obj in stateful.items()},
+        "stateful": states,
         "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
     }, tmp / _STATE)
     shutil.rmtree(path, ignore_errors=True)

@@ -35,6 +35,7 @@ class LearnerConfig:
     behaviour_weight_cap: float = 5.0  # decoupled: tokens with πprox/πbehaviour above this are dropped
     entropy_coef: float = 0.0  # β_H: entropy bonus (off in the paper)
     kl_coef: float = 0.0  # β_KL: k3 KL to the initial policy, kept frozen in memory (off in the paper)
+    device: str = "auto"  # "auto" (CUDA if visible) | "cpu" | "cuda" (fails at start without a GPU); one device per torchrun rank
     micro_batch_tokens: int = 4096  # padded tokens per forward pass: samples sorted by length, batched up to this; 1 = one at a time
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, more time
     low_prob_threshold: float = -5.0  # drop a tip-rollout turn whose min tip-free log-prob is below

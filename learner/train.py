@@ -6,7 +6,13 @@ The loop (Learner.run) reads top to bottom:
 Sockets (DEALER clients): replay buffer (BatchRequest -> Batch | Wait), each policy server
 (WeightChunk -> WeightUpdateAck).
 
-Run: `empo2-learner [key=value ...]`.
+The model side (Trainer: policy, optimizer, schedule, step, checkpoints) is the same on every
+rank of a torchrun job; rank 0 alone owns the sockets and broadcasts each batch
+(learner/distributed.py). One process is the same code as a group of one.
+
+Run: `empo2-learner [key=value ...]`
+     `torchrun --nproc_per_node=N -m learner.train [key=value ...]` (N ranks, FSDP2; gloo on CPU,
+     nccl on CUDA with learner.device=cuda; rank r serves metrics on the learner port + r).
 """
 
 from __future__ import annotations

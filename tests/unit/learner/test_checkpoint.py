@@ -46,7 +46,7 @@ def test_resumed_step_equals_uninterrupted_step(tmp_path, k):
     model = _model()
     optimizer, scheduler = build_optimizer(model.parameters(), CFG)
     lrs = [train_step(model, optimizer, _samples(step), CFG, step, scheduler=scheduler).lr for step in range(k)]
-    save_checkpoint(tmp_path, k, model, _tokenizer(), {"optimizer": optimizer, "scheduler": scheduler}, keep_last=2)
+    save_checkpoint(tmp_path, k, model, _tokenizer(), {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, keep_last=2)
     uninterrupted = train_step(model, optimizer, _samples(k), CFG, version=k, scheduler=scheduler)
     assert uninterrupted.lr != lrs[-1]  # the schedule moves at the resumed step (warm-up at k=1, decay at k=3)
 
@@ -66,6 +66,6 @@ def test_retention_keeps_the_newest_complete_checkpoints(tmp_path):
     model = _model()
     optimizer, scheduler = build_optimizer(model.parameters(), CFG)
     for version in (1, 2, 3, 4):
-        save_checkpoint(tmp_path, version, model, _tokenizer(), {"optimizer": optimizer, "scheduler": scheduler}, keep_last=2)
+        save_checkpoint(tmp_path, version, model, _tokenizer(), {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, keep_last=2)
     (tmp_path / "step_000009").mkdir()  # incomplete (no trainer state): never listed
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000003", "step_000004"]

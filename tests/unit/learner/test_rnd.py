@@ -67,7 +67,7 @@ def test_checkpoint_round_trip(tmp_path):
     rnd = RNDBonus(CFG, seed=0)
     batches = [[_traj([SEEN, NOVEL])], [_traj([NOVEL, "a third room"])]]
     rnd(batches[0])
-    path = save_checkpoint(tmp_path, 1, model, tokenizer, {"rnd": rnd}, keep_last=1)
+    path = save_checkpoint(tmp_path, 1, model, tokenizer, {"rnd": rnd.state_dict()}, keep_last=1)
     expected = rnd(batches[1])
     restored = RNDBonus(CFG, seed=123)  # other initial nets: everything must come from the checkpoint
     assert load_trainer_state(path, {"rnd": restored}) == 1

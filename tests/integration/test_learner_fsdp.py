@@ -1,0 +1,130 @@
+"""The learner's Trainer under torchrun (2 CPU ranks, gloo, FSDP2) takes the same steps as one
+plain process: same updated weights for the same batches; a checkpoint written by the 2 ranks
+resumes on both and gives the step the run took without the interruption.
+
+The worker half of this file runs under `torchrun --nproc_per_node=2` and as a plain process;
+each run writes its final full weights for the test to compare. Processes always end: each run
+is its own session: SIGTERM to the group (torchrun stops its ranks, which run in sessions of
+their own), then SIGKILL, after the run or its timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
+
+
+def _trajectories(step: int) -> list:
+    """One group of 4 episodes (2 turns, mixed prompt lengths, tips in two), rewarded unevenly. The
+    near-uniform tiny model gives every token a log-prob near log(1/40) = -3.7, so the mask at -3
+    drops every tip sample, clearly on every rank."""
+    from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory
+
+    rng = np.random.default_rng(step)
+    out = []
+    for slot in range(4):
+        mode = (ON_POLICY, ON_POLICY_TIPS, OFF_POLICY, ON_POLICY)[slot]
+        prompts = [rng.integers(3, 40, rng.integers(5, 20)).astype(np.int32) for _ in range(2)]
+        responses = [rng.integers(3, 40, rng.integers(1, 4)).astype(np.int32) for _ in range(2)]
+        out.append(Trajectory(
+            episode_id=f"{step}-{slot}", group_id=f"g{step}", slot=slot, actor_id="a", task="t", variation=0, mode=mode,
+            score=float(25 * slot), done=True, prompt_token_ids=np.concatenate(prompts),
+            prompt_offsets=np.cumsum([0] + [len(p) for p in prompts]).astype(np.int64),
+            response_token_ids=np.concatenate(responses), response_offsets=np.cumsum([0] + [len(r) for r in responses]).astype(np.int64),
+            behaviour_logprobs=rng.uniform(-4, -2, sum(len(r) for r in responses)).astype(np.float32),
+            tip_spans=np.array([[0, 1, 3], [1, 1, 3]] if mode != ON_POLICY else np.zeros((0, 3)), np.int32), policy_versions=np.full(2, step, np.int32),
+            num_memories=np.array([1, 3], np.int32), observations=["a room", f"room {slot}"], actions=["look", "go"]))
+    return out
+
+
+def worker(model_dir: str, out: str) -> None:
+    """Step, checkpoint, step; then resume from the checkpoint and take the last step again."""
+    from safetensors.torch import save_file
+
+    from learner import distributed
+    from learner.config import LearnerConfig
+    from learner.train import Trainer
+
+    cfg = LearnerConfig(lr=1e-3, total_steps=4, lr_schedule="linear", micro_batch_tokens=48, low_prob_threshold=-3.0,
+                        intrinsic_kind="rnd", device="cpu")
+    trainer = Trainer(cfg, model_dir, seed=0)
+    trainer.step(_trajectories(0))
+    checkpoint = trainer.save_checkpoint(Path(out) / "checkpoints", keep_last=1)
+    trainer.step(_trajectories(1))
+    final = trainer.full_weights()
+    resumed_from = sorted((Path(out) / "checkpoints").glob("step_*"))[-1]  # written by rank 0, read by every rank
+    resumed = Trainer(cfg, str(resumed_from), seed=0, resume_from=resumed_from)
+    resumed.step(_trajectories(1))
+    again = resumed.full_weights()
+    if distributed.rank() == 0:
+        assert checkpoint == resumed_from
+        save_file({k: v.clone() for k, v in final.items()}, str(Path(out) / "final.safetensors"))
+        save_file({k: v.clone() for k, v in again.items()}, str(Path(out) / "resumed.safetensors"))
+    distributed.close()
+
+
+def _run(command: list[str], out: Path, timeout: float = 120) -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    out.mkdir()
+    with open(out / "log.txt", "wb") as log:
+        proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        finally:
+            for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, None)):
+                try:
+                    os.killpg(proc.pid, sig)
+                    proc.wait(timeout=wait_s)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    pass
+    assert rc == 0, (out / "log.txt").read_text()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    from tokenizers import Tokenizer, models
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    path = tmp_path_factory.mktemp("tiny-model")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)).save_pretrained(path)
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))).save_pretrained(path)
+    return str(path)
+
+
+def test_two_ranks_take_the_single_process_steps(model_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    script = str(Path(__file__).resolve())
+    _run([sys.executable, script, model_dir, str(tmp_path / "one")], tmp_path / "one")
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}",
+          script, model_dir, str(tmp_path / "two")], tmp_path / "two")
+    one, two = load_file(str(tmp_path / "one" / "final.safetensors")), load_file(str(tmp_path / "two" / "final.safetensors"))
+    initial = load_file(str(Path(model_dir) / "model.safetensors"))
+    assert one.keys() == two.keys()
+    assert any(not torch.equal(one[k], initial[k]) for k in initial)  # the steps moved the weights
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-6, msg=name)
+    for run in ("one", "two"):  # resumed from the step-1 checkpoint: step 2 as the uninterrupted run took it
+        final, resumed = (load_file(str(tmp_path / run / f)) for f in ("final.safetensors", "resumed.safetensors"))
+        for name in final:
+            torch.testing.assert_close(resumed[name], final[name], rtol=0, atol=0, msg=f"{run}: {name}")
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1], sys.argv[2])
