@@ -37,6 +37,9 @@ class LearnerConfig:
     kl_coef: float = 0.0  # β_KL: k3 KL to the initial policy, kept frozen in memory (off in the paper)
     device: str = "auto"  # "auto" (CUDA if visible) | "cpu" | "cuda" (fails at start without a GPU); one device per torchrun rank
     micro_batch_tokens: int = 4096  # padded tokens per forward pass: samples sorted by length, batched up to this; 1 = one at a time
+    lora_rank: int = 0  # r of LoRA adapters (peft) on lora_targets; 0 = full fine-tuning. Only adapters train and are pushed
+    lora_alpha: float = 16.0  # LoRA scale = alpha / r
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])  # module names adapted
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, more time
     low_prob_threshold: float = -5.0  # drop a tip-rollout turn whose min tip-free log-prob is below
     intrinsic_kind: str = "count"  # "count": r_int = coef / (n + 1), n memories retrieved, tip modes only (paper)

@@ -23,7 +23,7 @@ import os
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_optimizer_state_dict,
+    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import fully_shard
 
@@ -123,3 +123,18 @@ class FullOptimizerState:
 
     def load_state_dict(self, state: dict) -> None:
         set_optimizer_state_dict(self.model, self.optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+class FullTrainableState:
+    """The trainable parameters alone (LoRA adapters: the frozen base comes from the model files) as
+    one full dict for the checkpoint; gathering is a collective, loading re-shards on every rank."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def state_dict(self) -> dict:
+        trainable = {name for name, p in self.model.named_parameters() if p.requires_grad}
+        return {name: t for name, t in get_model_state_dict(self.model, options=_FULL).items() if name in trainable}
+
+    def load_state_dict(self, state: dict) -> None:
+        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False))

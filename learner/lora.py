@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 _ADAPTER = "default"  # peft's name for the one adapter
+_PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the HF model: HF names follow
 
 
 def apply_lora(model, rank: int, alpha: float, targets: list[str]):
@@ -26,10 +27,9 @@ def is_lora(model) -> bool:
 def _lora_layers(model):
     from peft.tuners.lora import LoraLayer
 
-    prefix = "base_model.model."  # PeftModel -> LoraModel -> the HF model: HF names follow
     for name, module in model.named_modules():
         if isinstance(module, LoraLayer) and _ADAPTER in module.lora_A:
-            yield name.removeprefix(prefix), module
+            yield name.removeprefix(_PREFIX), module
 
 
 def lora_scale(model) -> float:
@@ -40,10 +40,29 @@ def lora_scale(model) -> float:
     return scales.pop()
 
 
-def adapter_tensors(model) -> list[tuple[str, torch.Tensor]]:
-    """`<HF module>.lora_A.weight` [r, in] and `<HF module>.lora_B.weight` [out, r] per adapted module."""
+def adapter_tensors(model, state_dict: dict[str, torch.Tensor] | None = None) -> list[tuple[str, torch.Tensor]]:
+    """`<HF module>.lora_A.weight` [r, in] and `<HF module>.lora_B.weight` [out, r] per adapted module,
+    from the model or from its full (peft-named) state dict when it is sharded (learner/distributed.py)."""
     tensors = []
     for name, module in _lora_layers(model):
-        tensors.append((f"{name}.lora_A.weight", module.lora_A[_ADAPTER].weight.detach()))
-        tensors.append((f"{name}.lora_B.weight", module.lora_B[_ADAPTER].weight.detach()))
+        for x, weights in (("A", module.lora_A), ("B", module.lora_B)):
+            t = weights[_ADAPTER].weight if state_dict is None else state_dict[f"{_PREFIX}{name}.lora_{x}.{_ADAPTER}.weight"]
+            tensors.append((f"{name}.lora_{x}.weight", t.detach()))
     return tensors
+
+
+def merged_weights(state_dict: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+    """A LoRA policy's full peft-named state dict -> HF-named weights with each adapted module's
+    W = W0 + scale * B @ A: the policy as a plain HF checkpoint (vLLM and transformers load it)."""
+    merged = {}
+    for key, weight in state_dict.items():
+        name = key.removeprefix(_PREFIX)
+        module = name.removesuffix(".base_layer.weight")
+        if ".lora_" in name:
+            continue
+        if module != name:  # an adapted module's frozen W0
+            a, b = (state_dict[f"{_PREFIX}{module}.lora_{x}.{_ADAPTER}.weight"].float() for x in "AB")
+            merged[f"{module}.weight"] = (weight.float() + scale * (b @ a)).to(weight.dtype)
+        else:
+            merged[name] = weight
+    return merged

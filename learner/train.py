@@ -37,6 +37,7 @@ from learner import distributed
 from learner.advantages import CountBonus, IntrinsicReward
 from learner.checkpoint import list_checkpoints, load_trainer_state, save_checkpoint
 from learner.config import LearnerConfig
+from learner.lora import apply_lora, is_lora, lora_scale, merged_weights
 from learner.loss import ClipConfig, clipped_policy_loss, entropy, kl_k3, low_probability_mask
 from learner.optim import build_optimizer
 from learner.policy_model import ResponseScorer, batch_log_softmax, load_policy, token_logprobs
@@ -213,14 +214,16 @@ class Trainer:
             self.model.gradient_checkpointing_enable()
         # the KL reference is the policy the learner starts from (frozen)
         self.ref = self._sharded(copy.deepcopy(self.model).eval().requires_grad_(False)) if cfg.kl_coef else None
+        if cfg.lora_rank:  # the base frozen, adapters trained and pushed (learner/lora.py)
+            self.model = apply_lora(self.model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
         self.scorer = self._sharded(self.model)
-        self.optimizer, self.scheduler = build_optimizer(self.scorer.parameters(), cfg)
+        self.optimizer, self.scheduler = build_optimizer([p for p in self.scorer.parameters() if p.requires_grad], cfg)
         rnd = RNDBonus(cfg, seed) if cfg.intrinsic_kind == "rnd" else None
         self.intrinsic: IntrinsicReward = rnd or CountBonus(cfg.intrinsic_coef)
         self.gigpo = GiGPO(cfg.gigpo_gamma, cfg.gigpo_step_weight, cfg.gigpo_step_norm) if cfg.advantage == "gigpo" else None
         # what a checkpoint holds besides the weights, by name
         self.stateful = {"optimizer": distributed.FullOptimizerState(self.scorer, self.optimizer), "scheduler": self.scheduler,
-                         **({"rnd": rnd} if rnd else {})}
+                         **({"rnd": rnd} if rnd else {}), **({"lora": distributed.FullTrainableState(self.scorer)} if cfg.lora_rank else {})}
         self.version = load_trainer_state(resume_from, self.stateful) if resume_from else 0  # +1 per step
 
     @staticmethod
@@ -245,8 +248,11 @@ class Trainer:
         states = {name: obj.state_dict() for name, obj in self.stateful.items()}
         if distributed.rank() != 0:
             return None
+        model = self.model
+        if is_lora(model):  # the files hold the merged policy (servable); the adapter resumes from `states`
+            weights, model = merged_weights(weights, lora_scale(model)), model.get_base_model()
         root.mkdir(parents=True, exist_ok=True)
-        return save_checkpoint(root, self.version, self.model, self.tokenizer, states, keep_last, weights)
+        return save_checkpoint(root, self.version, model, self.tokenizer, states, keep_last, weights)
 
 
 class Learner:
@@ -258,7 +264,8 @@ class Learner:
         torch.manual_seed(cfg.seed)
         self.checkpoints = Path(cfg.run_dir) / "checkpoints"
         resume_from = list_checkpoints(self.checkpoints)[-1:] if self.lcfg.resume else []
-        self.model_path = str(resume_from[0]) if resume_from else resolve_model(cfg.model.name, cfg.model.cache_dir or None)
+        # a LoRA run resumes from the base model plus the adapter in the trainer state, else from the checkpoint's weights
+        self.model_path = str(resume_from[0]) if resume_from and not self.lcfg.lora_rank else resolve_model(cfg.model.name, cfg.model.cache_dir or None)
         self.trainer = Trainer(self.lcfg, self.model_path, cfg.seed, resume_from[0] if resume_from else None)
         if resume_from:
             log.info("resumed from %s at policy version %d", resume_from[0], self.trainer.version)
@@ -301,7 +308,10 @@ class Learner:
             path = self.save_checkpoint()
             return self.pusher.push_checkpoint(Path(path), self.version) if self.main else None
         weights = self.trainer.full_weights()
-        return self.pusher.push(weight_tensors(self.trainer.model, weights), self.version) if self.main else None
+        if not self.main:
+            return None
+        model = self.trainer.model
+        return self.pusher.push(weight_tensors(model, weights), self.version, lora_scale(model) if is_lora(model) else 0.0)
 
     def next_batch(self) -> Batch:
         request = BatchRequest(learner_version=self.version, num_groups=self.lcfg.groups_per_step, max_staleness=self.lcfg.max_staleness)

@@ -40,7 +40,7 @@ def weight_tensors(model, state_dict: dict[str, torch.Tensor] | None = None) -> 
     every weight but a tied lm_head (the server ties it itself). state_dict: the full weights when
     the model is sharded (learner/distributed.py); else its own."""
     if is_lora(model):
-        return adapter_tensors(model)
+        return adapter_tensors(model, state_dict)
     tied = getattr(model.config, "tie_word_embeddings", False)
     state_dict = model.state_dict() if state_dict is None else state_dict
     return [(name, t.detach()) for name, t in state_dict.items() if not (tied and name == "lm_head.weight")]
