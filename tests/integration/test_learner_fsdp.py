@@ -49,23 +49,26 @@ def _trajectories(step: int) -> list:
 
 
 def worker(model_dir: str, out: str) -> None:
-    """Step, checkpoint, step; then resume from the checkpoint and take the last step again."""
+    """Step, checkpoint, step; then resume from the checkpoint and take the last step again. The
+    batches reach the other ranks as the learner sends them: broadcast from rank 0."""
     from safetensors.torch import save_file
 
     from learner import distributed
     from learner.config import LearnerConfig
     from learner.train import Trainer
+    from protocol.messages import Batch
 
     cfg = LearnerConfig(lr=1e-3, total_steps=4, lr_schedule="linear", micro_batch_tokens=48, low_prob_threshold=-3.0,
                         intrinsic_kind="rnd", device="cpu")
     trainer = Trainer(cfg, model_dir, seed=0)
-    trainer.step(_trajectories(0))
+    batches = [distributed.broadcast_message(Batch(_trajectories(k), 0) if distributed.rank() == 0 else None) for k in range(2)]
+    trainer.step(batches[0].trajectories)
     checkpoint = trainer.save_checkpoint(Path(out) / "checkpoints", keep_last=1)
-    trainer.step(_trajectories(1))
+    trainer.step(batches[1].trajectories)
     final = trainer.full_weights()
     resumed_from = sorted((Path(out) / "checkpoints").glob("step_*"))[-1]  # written by rank 0, read by every rank
     resumed = Trainer(cfg, str(resumed_from), seed=0, resume_from=resumed_from)
-    resumed.step(_trajectories(1))
+    resumed.step(batches[1].trajectories)
     again = resumed.full_weights()
     if distributed.rank() == 0:
         assert checkpoint == resumed_from
