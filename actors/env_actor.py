@@ -243,6 +243,12 @@ class ActorProcess:
             raise RuntimeError(f"buffer answered {reply.KIND} to a trajectory")
 
     def _report_to_memory(self, trajectory: Trajectory, task_description: str) -> None:
+        """Best effort, like retrieval: while the memory service counts as down (a retrieval or a
+        report timed out within memory_retry_after_s) the report is dropped at once, so a missing
+        service does not cost every episode the timeout."""
+        if time.monotonic() < self._memory_down_until:
+            self.metrics.errors.labels("memory_report").inc()
+            return
         report = EpisodeReport(
             episode_id=trajectory.episode_id, task=trajectory.task, variation=trajectory.variation,
             task_description=task_description, score=trajectory.score,
@@ -253,7 +259,8 @@ class ActorProcess:
             self.metrics.messages_out.labels(report.KIND).inc()
         except (RequestTimeout, RemoteError) as exc:  # memory is best effort; the buffer is not
             self.metrics.errors.labels("memory_report").inc()
-            log.warning("episode report not delivered to memory: %s", exc)
+            log.warning("episode report not delivered to memory: %s; not reporting for %.0fs", exc, self.acfg.memory_retry_after_s)
+            self._memory_down_until = time.monotonic() + self.acfg.memory_retry_after_s
 
     def _call_with_retry(self, client: Client, msg, retries: int = 1_000_000):
         for attempt in itertools.count(1):

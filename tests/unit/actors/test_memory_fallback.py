@@ -48,3 +48,25 @@ def test_memory_down_falls_back_then_recovers():
         thread.join(timeout=5)
         server.close(linger=0)
         actor.memory.close()
+
+
+def test_episode_reports_skip_a_down_memory_service():
+    """A report that times out marks the service down: the next episodes' reports are dropped at
+    once (counted) instead of each waiting out the timeout."""
+    from types import SimpleNamespace
+
+    cfg = load_config([f"endpoints.memory_service=tcp://127.0.0.1:{_free_port()}", "env_actor.memory_timeout_s=0.3",
+                       "env_actor.memory_retry_after_s=30"])
+    actor = ActorProcess(cfg)
+    episode = SimpleNamespace(episode_id="e", task="t", variation=0, score=0.0, observations=["o"], actions=["a"])
+    try:
+        t0 = time.monotonic()
+        actor._report_to_memory(episode, "task")  # nothing listens: dropped after the timeout
+        assert 0.25 < time.monotonic() - t0 < 2.0
+        t0 = time.monotonic()
+        actor._report_to_memory(episode, "task")
+        assert time.monotonic() - t0 < 0.05
+        assert actor._retrieve("t", 0, "state") is None  # retrieval skips it as well
+        assert actor.metrics.errors.labels("memory_report")._value.get() == 2
+    finally:
+        actor.memory.close()
