@@ -99,14 +99,14 @@ class WeightPusher:
     def __init__(self, cfg: LearnerConfig, clients: list[Client], tensor_parallel_size: int = 1):
         if cfg.weight_sync not in WEIGHT_SYNC_METHODS:
             raise ValueError(f"learner.weight_sync must be one of {'|'.join(WEIGHT_SYNC_METHODS)}, got {cfg.weight_sync!r}")
+        if cfg.lora_rank and cfg.weight_sync == "nccl":
+            raise ValueError("adapter-only LoRA pushes travel by learner.weight_sync=zmq, shm or checkpoint, not nccl")
         self.cfg, self.clients = cfg, clients
         self.nccl = NcclWeightPusher(cfg, clients, tensor_parallel_size) if cfg.weight_sync == "nccl" else None
 
     def push(self, tensors: list[tuple[str, torch.Tensor]], version: int, lora_scale: float = 0.0) -> PushTiming:
         """zmq, shm or nccl: every server runs `version` when this returns. lora_scale > 0: the
         tensors are a LoRA adapter (adapter-only push; zmq and shm)."""
-        if lora_scale and self.cfg.weight_sync == "nccl":
-            raise ValueError("adapter-only LoRA pushes travel by learner.weight_sync=zmq or shm, not nccl")
         if self.cfg.weight_sync == "zmq":
             return push_weights(self.clients, build_chunks(tensors, version, self.cfg.weight_chunk_bytes, lora_scale), self.cfg.push_timeout_s)
         if self.cfg.weight_sync == "nccl":

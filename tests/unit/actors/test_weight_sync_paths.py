@@ -42,6 +42,11 @@ def test_nccl_refused_clearly_without_gpu():
     check_weight_sync("shm", "cpu")  # the CPU methods pass
 
 
+def test_lora_with_nccl_refused_at_start():
+    with pytest.raises(ValueError, match="LoRA.*not nccl"):
+        WeightPusher(LearnerConfig(weight_sync="nccl", lora_rank=8), clients=[])
+
+
 def test_nccl_control_plane_carries_vllm_payloads():
     """The messages take exactly the dicts vLLM's NCCL trainer engine hands its client."""
     from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo, worker_init_payload
