@@ -120,5 +120,6 @@ class LearnerMetrics(RoleMetrics):
                 "staleness_mean_versions": "Mean policy-version lag of the batch",
                 "episode_score_mean": "Mean final score of the batch's episodes",
                 "lr": "Learning rate of the last step",
+                "weight_push_engine_seconds": "Part of the last weight push spent in the servers' engines (vLLM's load)",
             }.items()
         }

@@ -30,6 +30,9 @@ PANELS = [
     ("Rejected messages / s", "ops", ["sum by (job, reason) (rate({__name__=~\"empo2_.*_messages_rejected_total\"}[1m]))"]),
     ("Memory fallbacks / invalid actions", "ops", ["sum(rate(empo2_env_actor_memory_fallbacks_total[1m]))", "sum(rate(empo2_env_actor_invalid_actions_mapped_total[1m]))"]),
     ("Requests in flight", "none", ["empo2_policy_server_requests_in_flight"]),
+    ("Learning rate", "none", ["empo2_learner_lr"]),
+    ("Weight push: engine part (last)", "s", ["empo2_learner_weight_push_engine_seconds"]),
+    ("Generations rerun at updates / s", "ops", ["sum(rate(empo2_policy_server_requests_retried_total[5m]))"]),
 ]
 
 
