@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from protocol.messages import TensorMeta, WeightChunk, weights_checksum
+from protocol.messages import TensorMeta, WeightChunk, lora_merged, weights_checksum
 
 _SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
@@ -94,9 +94,9 @@ def merged_lora_weights(base_dir: str, adapter: dict[str, torch.Tensor], scale: 
             weight = handle.get_tensor(name)  # a view of the mapped file
             module = name.removesuffix(".weight")
             if module in modules:
-                a, b = adapter[f"{module}.lora_A.weight"].float(), adapter[f"{module}.lora_B.weight"].float()
+                a, b = adapter[f"{module}.lora_A.weight"], adapter[f"{module}.lora_B.weight"]
                 if (b.shape[0], a.shape[1]) != tuple(weight.shape) or a.shape[0] != b.shape[1]:
                     raise WeightUpdateError(f"LoRA update: {module} B{list(b.shape)} A{list(a.shape)} do not fit W{list(weight.shape)}")
-                weight = (weight.float() + scale * (b @ a)).to(weight.dtype)
+                weight = lora_merged(weight, a, b, scale)
             merged.append((name, weight))
     return merged

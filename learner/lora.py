@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from protocol.messages import lora_merged
+
 _ADAPTER = "default"  # peft's name for the one adapter
 _PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the HF model: HF names follow
 
@@ -61,8 +63,8 @@ def merged_weights(state_dict: dict[str, torch.Tensor], scale: float) -> dict[st
         if ".lora_" in name:
             continue
         if module != name:  # an adapted module's frozen W0
-            a, b = (state_dict[f"{_PREFIX}{module}.lora_{x}.{_ADAPTER}.weight"].float() for x in "AB")
-            merged[f"{module}.weight"] = (weight.float() + scale * (b @ a)).to(weight.dtype)
+            a, b = (state_dict[f"{_PREFIX}{module}.lora_{x}.{_ADAPTER}.weight"] for x in "AB")
+            merged[f"{module}.weight"] = lora_merged(weight, a, b, scale)
         else:
             merged[name] = weight
     return merged

@@ -142,6 +142,12 @@ class TensorMeta:
 # W = W0 + lora_scale * B @ A (an adapter-only push: ~1% of the bytes of the full model).
 
 
+def lora_merged(weight, lora_a, lora_b, scale: float):
+    """The weight a LoRA update stands for: W0 + scale * B @ A, computed in float32 and returned in
+    W0's dtype (torch tensors). The learner's checkpoints and the servers' merges both use it."""
+    return (weight.float() + scale * (lora_b.float() @ lora_a.float())).to(weight.dtype)
+
+
 def _check_lora_scale(scale: float) -> None:
     _check(0.0 <= scale < 1e6, "lora_scale must be >= 0 and finite")
 
