@@ -270,6 +270,8 @@ class Learner:
         if resume_from:
             log.info("resumed from %s at policy version %d", resume_from[0], self.trainer.version)
         self.main = distributed.rank() == 0  # rank 0 alone talks to the buffer and the servers
+        # (version, path) of the newest checkpoint on disk: a version is never written twice
+        self.saved = (self.version, str(resume_from[0]) if self.main else "") if resume_from else (-1, "")
         self.history: list[dict] = []
         if not self.main:
             return
@@ -295,7 +297,7 @@ class Learner:
             stats = self.trainer.step(batch.trajectories)
             step_s = time.perf_counter() - t0
             push = self.push()
-            if self.lcfg.checkpoint_every and self.version % self.lcfg.checkpoint_every == 0 and self.lcfg.weight_sync != "checkpoint":
+            if self.lcfg.checkpoint_every and self.version % self.lcfg.checkpoint_every == 0:
                 self.save_checkpoint()
             if self.main:
                 self.publish(batch.trajectories, stats, step_s, push)
@@ -350,9 +352,12 @@ class Learner:
                  stats.clip_fraction, stats.logprob_mismatch_mean_nats, stats.logprob_mismatch_max_nats, stats.lr, step_s, push.seconds)
 
     def save_checkpoint(self) -> str:
-        """Every rank takes part; rank 0 writes it and gets its path ("" elsewhere)."""
-        path = self.trainer.save_checkpoint(self.checkpoints, self.lcfg.keep_checkpoints)
-        return str(path) if path else ""
+        """Every rank takes part; rank 0 writes it and gets its path ("" elsewhere). A version
+        already on disk (resumed from, or written by a weight_sync=checkpoint push) is not rewritten."""
+        if self.saved[0] != self.version:
+            path = self.trainer.save_checkpoint(self.checkpoints, self.lcfg.keep_checkpoints)
+            self.saved = (self.version, str(path) if path else "")
+        return self.saved[1]
 
     def finish(self) -> dict:
         summary = {"steps": self.version, "policy_version": self.version, "final_checkpoint": self.save_checkpoint(), "history": self.history}
