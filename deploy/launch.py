@@ -22,6 +22,7 @@ from pathlib import Path
 
 from common.config import PipelineConfig, load_config
 from common.model_prep import resolve_model
+from common.process import signal_group, wait_group
 from deploy.monitor import scrape, total
 
 
@@ -113,22 +114,12 @@ class Launcher:
     def stop(self) -> None:
         for child in reversed(self.children):
             if child.process.poll() is None:
-                _signal_group(child.process, signal.SIGTERM)
+                signal_group(child.process, signal.SIGTERM)
         deadline = time.monotonic() + self.cfg.launch.stop_grace_s
         for child in self.children:
-            try:
-                child.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                pass
-            _signal_group(child.process, signal.SIGKILL)  # also reaps leftovers of the group
+            wait_group(child.process, deadline)
+            signal_group(child.process, signal.SIGKILL)  # what is left of the group after the grace period
             child.process.wait()
-
-
-def _signal_group(process: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:

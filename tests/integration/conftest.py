@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from common.process import stop_group
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,17 +26,7 @@ class RoleProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of the group (vLLM workers, JVM)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+        stop_group(self.proc, grace_s=20)  # the whole group: vLLM workers, JVMs, resource trackers
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ their own), then SIGKILL, after the run or its timeout.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+from common.process import stop_group
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
@@ -85,12 +86,7 @@ def _run(command: list[str], out: Path, timeout: float = 120) -> None:
         try:
             rc = proc.wait(timeout=timeout)
         finally:
-            for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, None)):
-                try:
-                    os.killpg(proc.pid, sig)
-                    proc.wait(timeout=wait_s)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    pass
+            stop_group(proc, grace_s=15)
     assert rc == 0, (out / "log.txt").read_text()[-4000:]
 
 
