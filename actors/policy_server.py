@@ -30,8 +30,9 @@ from common.model_prep import resolve_model
 from protocol import ProtocolError, decode, encode
 from protocol.messages import (
     ErrorReply, GenerateRequest, GenerateResponse, NcclTransferInit, NcclTransferUpdate, Ping, Pong, WeightChunk, WeightFile,
-    WeightUpdateAck, file_checksum,
+    WeightUpdateAck,
 )
+from protocol.weight_file import file_checksum, shared_lock
 from actors.weight_receiver import WeightAssembler, WeightUpdateError
 
 log = logging.getLogger("policy_server")
@@ -147,7 +148,8 @@ class PolicyServer:
 
     async def _weight_file(self, identity: bytes, update: WeightFile) -> None:
         """Verify the file's checksum (off the event loop: it reads every byte), then apply it
-        in place: no copy through the socket or a staging file."""
+        in place: no copy through the socket or a staging file. The file is held against rewrites
+        (a shared flock, protocol/weight_file.py) from the checksum until the engine has loaded it."""
         t0 = time.perf_counter()
         real = os.path.realpath(update.path)
         if not any(real.startswith(d + os.sep) for d in self.weight_dirs):
@@ -155,16 +157,18 @@ class PolicyServer:
             await self._send(identity, ErrorReply(
                 reason="weight_update_rejected", detail=f"{update.path} is outside policy_server.allowed_weight_dirs and the run's checkpoints"))
             return
-        try:
-            actual = await asyncio.to_thread(file_checksum, real)
-        except OSError as exc:
-            actual = f"unreadable ({exc})"
-        if actual != update.checksum:
-            self.metrics.rejected.labels("weight_checksum").inc()
-            await self._send(identity, ErrorReply(reason="weight_update_rejected", detail=f"v{update.version}: checksum {actual} != {update.checksum}"))
-            return
-        self.metrics.weight_update_bytes.inc(os.path.getsize(real))
-        await self._apply(identity, update.version, 0, real, t0, update.lora_scale)
+        with contextlib.ExitStack() as held:
+            try:
+                await asyncio.to_thread(held.enter_context, shared_lock(real))  # waits out a rewrite in progress
+                actual = await asyncio.to_thread(file_checksum, real)
+            except OSError as exc:
+                actual = f"unreadable ({exc})"
+            if actual != update.checksum:
+                self.metrics.rejected.labels("weight_checksum").inc()
+                await self._send(identity, ErrorReply(reason="weight_update_rejected", detail=f"v{update.version}: checksum {actual} != {update.checksum}"))
+                return
+            self.metrics.weight_update_bytes.inc(os.path.getsize(real))
+            await self._apply(identity, update.version, 0, real, t0, update.lora_scale)
 
     async def _nccl_transfer(self, identity: bytes, msg: NcclTransferInit | NcclTransferUpdate) -> None:
         """learner.weight_sync=nccl: the learner's vLLM trainer engine drives these; the tensors

@@ -2,47 +2,37 @@
 a LoRA adapter onto the base model for adapter-only updates.
 
 Plain logic, no sockets: the policy server feeds chunks in, gets a staged file path back when an
-update is complete and its checksum matches. The file is written directly in the safetensors
-layout (8-byte header length, JSON header, raw bytes), so tensors go from socket frames to the
-file without being materialised as torch tensors in the server process.
+update is complete and its checksum matches. The frames are viewed as tensors (no copy) and
+written once, into the staging file (protocol/weight_file.py).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import struct
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from protocol.messages import TensorMeta, WeightChunk, lora_merged, weights_checksum
-
-_SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+from protocol.messages import TensorMeta, WeightChunk, lora_merged
+from protocol.weight_file import SAFETENSORS_DTYPES, bytes_tensor, weights_checksum, write_weight_file
 
 
 class WeightUpdateError(ValueError):
     pass
 
 
-def write_safetensors(path: Path, metas: list[TensorMeta], buffers) -> None:
-    header, offset = {}, 0
+def frame_tensors(metas: list[TensorMeta], buffers) -> list[tuple[str, torch.Tensor]]:
+    """Tensors viewing the received frames (no copy), each checked against its announced size."""
+    tensors = []
     for meta, buf in zip(metas, buffers):
-        if meta.dtype not in _SAFETENSORS_DTYPES:
+        dtype = getattr(torch, meta.dtype, None)
+        if dtype not in SAFETENSORS_DTYPES:
             raise WeightUpdateError(f"tensor {meta.name}: dtype {meta.dtype} not supported")
-        size = len(buf)
-        header[meta.name] = {"dtype": _SAFETENSORS_DTYPES[meta.dtype], "shape": meta.shape, "data_offsets": [offset, offset + size]}
-        offset += size
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)  # the format wants the data 8-byte aligned
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        for buf in buffers:
-            f.write(buf)
-    os.replace(tmp, path)  # readers never see a half-written file
+        if len(buf) != math.prod(meta.shape) * dtype.itemsize:
+            raise WeightUpdateError(f"tensor {meta.name}: {len(buf)} bytes for shape {meta.shape} of {meta.dtype}")
+        tensors.append((meta.name, bytes_tensor(buf).view(dtype).view(meta.shape) if len(buf) else torch.empty(meta.shape, dtype=dtype)))
+    return tensors
 
 
 @dataclass
@@ -69,7 +59,7 @@ class WeightAssembler:
         if actual != chunk.checksum:
             raise WeightUpdateError(f"v{chunk.version}: checksum {actual} != announced {chunk.checksum}")
         path = Path(self.staging_dir) / f"empo2-weights-{self.server_id}.safetensors"
-        write_safetensors(path, metas, buffers)
+        write_weight_file(path, frame_tensors(metas, buffers))
         return str(path)
 
 

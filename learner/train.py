@@ -18,6 +18,7 @@ Run: `empo2-learner [key=value ...]`
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import logging
@@ -278,7 +279,8 @@ class Learner:
         ctx = zmq.Context.instance()
         self.buffer = Client(ctx, cfg.endpoints.replay_buffer, timeout_s=60.0)
         self.policies = [Client(ctx, ep, timeout_s=self.lcfg.push_timeout_s) for ep in cfg.endpoints.policy_servers]
-        self.pusher = WeightPusher(self.lcfg, self.policies, cfg.policy_server.tensor_parallel_size)
+        run_id = hashlib.sha1(str(Path(cfg.run_dir).resolve()).encode()).hexdigest()[:12]
+        self.pusher = WeightPusher(self.lcfg, self.policies, cfg.policy_server.tensor_parallel_size, shm_name=f"run-{run_id}")
 
     @property
     def version(self) -> int:
@@ -369,6 +371,8 @@ class Learner:
 
 
     def close(self) -> None:
+        if self.main:
+            self.pusher.close()
         distributed.close()
 
 

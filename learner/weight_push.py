@@ -3,8 +3,9 @@
 - "zmq": tensors travel as uint8 views of their memory (zero-copy on CPU) in WeightChunk
   messages of about `chunk_bytes`, with an XXH3-128 checksum over all bytes; works across hosts.
 - "shm": the learner writes one safetensors file in `weight_dir` (/dev/shm: shared memory,
-  written once for every server on the host) and sends its path and checksum in a WeightFile
-  message; each server verifies it and loads it straight from the mapping.
+  written once for every server on the host; the same file is rewritten in place at every push,
+  protocol/weight_file.py) and sends its path and checksum in a WeightFile message; each server
+  verifies it and loads it straight from the mapping. The file is removed when the learner exits.
 - "checkpoint": the same WeightFile message naming the model file of the HF checkpoint the
   learner writes at every push (run_dir/checkpoints on a filesystem the servers share).
 - "nccl": vLLM's native NCCL weight transfer on GPU hosts: vLLM's trainer engine broadcasts the
@@ -29,8 +30,8 @@ from learner.lora import adapter_tensors, is_lora
 from protocol import Client
 from protocol.messages import (
     WEIGHT_SYNC_METHODS, NcclTransferInit, NcclTransferUpdate, TensorMeta, WeightChunk, WeightFile, WeightUpdateAck,
-    file_checksum, weights_checksum,
 )
+from protocol.weight_file import file_checksum, weights_checksum, write_weight_file
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +97,20 @@ def push_weights(clients: list[Client], chunks: list[WeightChunk], timeout_s: fl
 class WeightPusher:
     """learner.weight_sync -> one call that brings every policy server to a new version."""
 
-    def __init__(self, cfg: LearnerConfig, clients: list[Client], tensor_parallel_size: int = 1):
+    def __init__(self, cfg: LearnerConfig, clients: list[Client], tensor_parallel_size: int = 1, shm_name: str = ""):
         if cfg.weight_sync not in WEIGHT_SYNC_METHODS:
             raise ValueError(f"learner.weight_sync must be one of {'|'.join(WEIGHT_SYNC_METHODS)}, got {cfg.weight_sync!r}")
         if cfg.lora_rank and cfg.weight_sync == "nccl":
             raise ValueError("adapter-only LoRA pushes travel by learner.weight_sync=zmq, shm or checkpoint, not nccl")
         self.cfg, self.clients = cfg, clients
         self.nccl = NcclWeightPusher(cfg, clients, tensor_parallel_size) if cfg.weight_sync == "nccl" else None
+        # shm: one file, rewritten at every push (its pages stay allocated); named after the run
+        # (shm_name), a learner restarted after a crash reuses the file its predecessor left
+        self.shm_path = Path(cfg.weight_dir) / f"empo2-weights-{shm_name or os.getpid()}.safetensors"
+
+    def close(self) -> None:
+        """Remove the shared-memory weight file (servers have loaded what they need from it)."""
+        self.shm_path.unlink(missing_ok=True)
 
     def push(self, tensors: list[tuple[str, torch.Tensor]], version: int, lora_scale: float = 0.0) -> PushTiming:
         """zmq, shm or nccl: every server runs `version` when this returns. lora_scale > 0: the
@@ -112,11 +120,8 @@ class WeightPusher:
         if self.cfg.weight_sync == "nccl":
             return self.nccl.push(tensors, version)
         t0 = time.perf_counter()
-        path, checksum = write_weight_file(tensors, self.cfg.weight_dir, version)
-        try:
-            timing = push_weight_file(self.clients, path, checksum, version, self.cfg.push_timeout_s, lora_scale)
-        finally:
-            os.remove(path)  # every server has loaded it (or the push failed)
+        checksum = write_weight_file(self.shm_path, tensors)
+        timing = push_weight_file(self.clients, str(self.shm_path), checksum, version, self.cfg.push_timeout_s, lora_scale)
         return PushTiming(time.perf_counter() - t0, timing.engine_seconds)
 
     def push_checkpoint(self, checkpoint_dir: Path, version: int) -> PushTiming:
@@ -208,17 +213,6 @@ class _TensorSource:
 
     def __iter__(self):
         return iter(self.tensors)
-
-
-def write_weight_file(tensors: list[tuple[str, torch.Tensor]], directory: str, version: int) -> tuple[str, str]:
-    """Write the tensors as one safetensors file, atomically; returns (path, checksum)."""
-    from safetensors.torch import save_file
-
-    path = Path(directory) / f"empo2-weights-{os.getpid()}-v{version}.safetensors"
-    tmp = path.with_suffix(".tmp")
-    save_file({name: t.to("cpu").contiguous() for name, t in tensors}, str(tmp))
-    os.replace(tmp, path)
-    return str(path), file_checksum(str(path))
 
 
 def push_weight_file(clients: list[Client], path: str, checksum: str, version: int, timeout_s: float, lora_scale: float = 0.0) -> PushTiming:

@@ -8,12 +8,9 @@ protocol/README.md.
 
 from __future__ import annotations
 
-import mmap
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
-import xxhash
 
 from protocol.codec import Message, ProtocolError, register
 
@@ -167,7 +164,7 @@ class WeightChunk(Message):
     num_chunks: int
     tensors: list[TensorMeta]
     data: list[np.ndarray]  # uint8 [nbytes] per tensor, same order as `tensors`
-    checksum: str  # weights_checksum: XXH3-128 hex over all tensors' bytes of the whole update, in order
+    checksum: str  # protocol.weight_file.weights_checksum: XXH3-128 hex over all tensors' bytes of the whole update, in order
     lora_scale: float = 0.0  # 0: full weights; > 0: a LoRA adapter the server merges (above WeightChunk)
 
     def validate(self) -> None:
@@ -185,29 +182,6 @@ class WeightChunk(Message):
 WEIGHT_SYNC_METHODS = ("zmq", "shm", "checkpoint", "nccl")
 
 
-def weights_checksum(buffers) -> str:
-    """WeightChunk.checksum: XXH3-128 over all tensors' bytes in order (sender and receiver).
-
-    A non-cryptographic hash on purpose: it guards against torn, truncated or mismatched updates
-    (not an attacker, who could rewrite the announced checksum too), and at ~18 GB/s it costs
-    0.03 s for the 538 MB model where blake2b took 0.5 s on each side of every push.
-    """
-    h = xxhash.xxh3_128()
-    for buf in buffers:
-        h.update(buf)
-    return h.hexdigest()
-
-
-def file_checksum(path: str) -> str:
-    """WeightFile.checksum: weights_checksum over the file's bytes, hashed straight from a mapping
-    (no copy: in /dev/shm the hash reads the very pages the learner wrote)."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return weights_checksum([])
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            return weights_checksum([mapped])
-
-
 @register
 @dataclass
 class WeightFile(Message):
@@ -217,7 +191,7 @@ class WeightFile(Message):
     KIND = "weight_file"
     version: int  # policy version these weights become
     path: str  # absolute path of a safetensors file of HF-named tensors
-    checksum: str  # file_checksum(path), verified by the server before the update goes live
+    checksum: str  # protocol.weight_file.file_checksum(path), verified by the server before the update goes live
     lora_scale: float = 0.0  # 0: full weights; > 0: a LoRA adapter the server merges (above WeightChunk)
 
     def validate(self) -> None:

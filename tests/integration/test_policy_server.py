@@ -18,9 +18,11 @@ from common.model_prep import resolve_model
 from deploy.monitor import scrape, total
 from learner.lora import apply_lora, lora_scale
 from learner.policy_model import load_policy, response_logprobs
-from learner.weight_push import build_chunks, push_weight_file, push_weights, weight_tensors, write_weight_file
+from learner.config import LearnerConfig
+from learner.weight_push import WeightPusher, build_chunks, push_weight_file, push_weights, weight_tensors
 from protocol import Client, RemoteError
-from protocol.messages import GenerateRequest, GenerateResponse, Ping, Pong, WeightChunk, WeightFile, file_checksum
+from protocol.messages import GenerateRequest, GenerateResponse, Ping, Pong, WeightChunk, WeightFile
+from protocol.weight_file import file_checksum
 from protocol.transport import wait_until_ready
 
 pytestmark = pytest.mark.integration
@@ -88,28 +90,31 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     # the server now computes exactly what the learner's updated weights compute (lm_head included)
     assert np.abs(learner_logprobs(model, prompt, after) - after.logprobs).max() < 1e-3
 
-    # the same through a weight file in shared memory (learner.weight_sync=shm): version 2
-    perturb(model)
-    path, checksum = write_weight_file(weight_tensors(model), "/dev/shm", version=2)
+    # the same through a weight file in shared memory (learner.weight_sync=shm): versions 2 and 3,
+    # the second rewriting the same file in place
+    pusher = WeightPusher(LearnerConfig(weight_sync="shm"), [client], shm_name=f"test-{os.getpid()}")
     try:
+        for version in (2, 3):
+            perturb(model)
+            pusher.push(weight_tensors(model), version)
+            via_file = greedy(client, prompt)
+            assert via_file.policy_version == version
+            assert np.abs(learner_logprobs(model, prompt, via_file) - via_file.logprobs).max() < 1e-3
         with pytest.raises(RemoteError) as err:  # a wrong checksum is refused
-            client.call(WeightFile(version=2, path=path, checksum="0" * 32))
+            client.call(WeightFile(version=4, path=str(pusher.shm_path), checksum="0" * 32))
         assert err.value.reason == "weight_update_rejected"
-        push_weight_file([client], path, checksum, version=2, timeout_s=300)
     finally:
-        os.remove(path)
-    via_file = greedy(client, prompt)
-    assert via_file.policy_version == 2
-    assert np.abs(learner_logprobs(model, prompt, via_file) - via_file.logprobs).max() < 1e-3
+        pusher.close()
+    assert not pusher.shm_path.exists()
 
     # from a learner checkpoint in the run directory (learner.weight_sync=checkpoint): version 3
     perturb(model)
-    checkpoint = tmp_path / "checkpoints" / "step_000003"
+    checkpoint = tmp_path / "checkpoints" / "step_000004"
     model.save_pretrained(checkpoint)  # the HF format: the tied lm_head is not in the file
     weights = str(checkpoint / "model.safetensors")
-    push_weight_file([client], weights, file_checksum(weights), version=3, timeout_s=300)
+    push_weight_file([client], weights, file_checksum(weights), version=4, timeout_s=300)
     via_checkpoint = greedy(client, prompt)
-    assert via_checkpoint.policy_version == 3
+    assert via_checkpoint.policy_version == 4
     assert np.abs(learner_logprobs(model, prompt, via_checkpoint) - via_checkpoint.logprobs).max() < 1e-3
 
     # on_update=abort: a long generation caught by an update is aborted and run again, wholly on
@@ -125,11 +130,11 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
         assert time.monotonic() < deadline, "the long generation never started"
         time.sleep(0.05)
     perturb(model)
-    push_weights([client], build_chunks(weight_tensors(model), version=4, chunk_bytes=32 << 20), timeout_s=300)
+    push_weights([client], build_chunks(weight_tensors(model), version=5, chunk_bytes=32 << 20), timeout_s=300)
     generation.join(900)
     long_client.close()
     (reply,) = replies
-    assert isinstance(reply, GenerateResponse) and reply.policy_version == 4
+    assert isinstance(reply, GenerateResponse) and reply.policy_version == 5
     assert total(scrape("127.0.0.1", METRICS_PORT), "empo2_policy_server_requests_retried_total") == 1
     # all of the response is the new policy's: its log-probs are the updated learner's
     assert np.abs(learner_logprobs(model, prompt, reply) - reply.logprobs).max() < 1e-3
@@ -143,15 +148,15 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
                 p.normal_(0, 0.02)
     adapter = weight_tensors(lora_model)
     assert sum(t.numel() for _, t in adapter) < 0.05 * sum(t.numel() for _, t in weight_tensors(model))
-    push_weights([client], build_chunks(adapter, version=5, chunk_bytes=32 << 20, lora_scale=lora_scale(lora_model)), timeout_s=300)
+    push_weights([client], build_chunks(adapter, version=6, chunk_bytes=32 << 20, lora_scale=lora_scale(lora_model)), timeout_s=300)
     via_lora = greedy(client, prompt)
-    assert via_lora.policy_version == 5
+    assert via_lora.policy_version == 6
     assert np.abs(learner_logprobs(lora_model, prompt, via_lora) - via_lora.logprobs).max() < 1e-3
 
     outside = tmp_path / "w.safetensors"  # only policy_server.allowed_weight_dirs and the run's checkpoints are read
     outside.write_bytes(b"")
     with pytest.raises(RemoteError) as err:
-        client.call(WeightFile(version=6, path=str(outside), checksum="0" * 32))
+        client.call(WeightFile(version=7, path=str(outside), checksum="0" * 32))
     assert err.value.reason == "weight_update_rejected" and "allowed_weight_dirs" in str(err.value)
 
     # hostile bytes get an ErrorReply and the server keeps serving

@@ -46,8 +46,8 @@ from protocol.messages import (
     NcclTransferInit,
     NcclTransferUpdate,
     WeightUpdateAck,
-    weights_checksum,
 )
+from protocol.weight_file import weights_checksum
 
 # ------------------------------------------------------------------------------- helpers
 
