@@ -114,7 +114,7 @@ class PolicyEngine:
             # vLLM's CPU backend pins OpenMP threads to cores by default; on a shared 2-core
             # host that starves the other processes, so let the OS schedule them.
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-            os.environ.setdefault("EMPO2_VLLM_BUSY_LOOP_S", "0")  # see vllm_worker_ext._cap_shm_busy_loop
+            os.environ.setdefault("EMPO2_VLLM_BUSY_LOOP_S", "0")  # see vllm_worker_ext.cap_shm_busy_loop
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
