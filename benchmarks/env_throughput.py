@@ -62,7 +62,9 @@ from deploy.monitor import scrape, total
 from protocol.messages import Ack, EpisodeReport, GenerateRequest, MemoryQuery, MemoryResult, Ping, Pong
 
 HERE = Path(__file__).resolve().parent
-POLICY_PORT, BUFFER_PORT, MEMORY_PORT, METRICS_BASE = 36550, 36560, 36570, 39500
+# below 32768: ports in Linux's ephemeral range (32768-60999) can be taken by any outgoing
+# connection (ZeroMQ, py4j, scrapes), and a metrics server then fails to bind
+POLICY_PORT, BUFFER_PORT, MEMORY_PORT, METRICS_BASE = 21550, 21560, 21570, 21600
 GENERATIONS = "empo2_policy_server_request_latency_seconds_count"  # one per completed generation
 CPUS = os.cpu_count() or 1
 POLL_S = 0.5  # the server's generation counter is read this often during the pipeline's window

@@ -70,8 +70,8 @@ DENSE_NOISE = 0.4  # noise norm around the dense store's direction: pairwise cos
 ADD_BATCH = 10_000  # entries per MemoryStore.add call when building a store
 KEY = memory_key("global", "", 0)
 THREAD_ENV = ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT", "MKL_NUM_THREADS"]
-POLICY_ENDPOINT = "tcp://127.0.0.1:35550"
-POLICY_METRICS_PORT = 39100
+POLICY_ENDPOINT = "tcp://127.0.0.1:22550"  # ports below Linux's ephemeral range (32768-60999)
+POLICY_METRICS_PORT = 22600
 
 ROOMS = ["kitchen", "bathroom", "workshop", "art studio", "greenhouse", "foundry", "living room", "bedroom", "hallway", "outside"]
 THINGS = [
