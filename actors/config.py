@@ -12,6 +12,10 @@ class PolicyServerConfig:
     dtype: str = "auto"  # "auto" = float32 on CPU (bf16 is ~5x slower on AVX2), bfloat16 on GPU
     max_model_len: int = 2048  # prompt + response tokens per request
     gpu_memory_utilization: float = 0.3  # GPU: the share of device memory vLLM may use
+    cpu_omp_threads_bind: str = "nobind"  # CPU: vLLM's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND): "nobind" = one per core,
+    #                           unpinned; a core list ("0", "0-1") pins one thread per listed core. "0" on a 2-core host leaves a
+    #                           core to the env actors and the learner (benchmarks/README.md: same env steps/s at 4 actors, 0.7 of
+    #                           the CPU; slower with 1 actor)
     cpu_kv_cache_gib: int = 1  # CPU: host memory for the KV cache (1 GiB = ~23k tokens of the 135M model);
     #                           vLLM's own CPU default takes a share of all RAM per engine (OOM with two)
     tensor_parallel_size: int = 1  # >1 needs as many GPUs (vLLM's native tensor parallelism)

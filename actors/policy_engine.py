@@ -111,9 +111,9 @@ class PolicyEngine:
         if cfg.on_update not in ("finish", "abort"):
             raise ValueError(f"policy_server.on_update must be finish|abort, got {cfg.on_update!r}")
         if device == "cpu":
-            # vLLM's CPU backend pins OpenMP threads to cores by default; on a shared 2-core
-            # host that starves the other processes, so let the OS schedule them.
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            # vLLM's CPU backend pins OpenMP threads to all cores by default; on a shared 2-core
+            # host that starves the other processes, so by default the OS schedules them.
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_omp_threads_bind
             os.environ.setdefault("EMPO2_VLLM_BUSY_LOOP_S", "0")  # see vllm_worker_ext.cap_shm_busy_loop
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
         from vllm.engine.arg_utils import AsyncEngineArgs
