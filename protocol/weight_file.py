@@ -103,7 +103,7 @@ def write_weight_file(path: str | Path, tensors: list[tuple[str, torch.Tensor]])
             os.ftruncate(fd, size)
         with _map(fd, size, writable=True) as mapped:
             mapped[: len(head)] = head
-            data = torch.frombuffer(mapped, dtype=torch.uint8)
+            data = bytes_tensor(mapped)
             for (_, t), offset in zip(tensors, offsets):
                 source = t.detach().contiguous().view(-1).view(torch.uint8)  # bytes: any alignment in the file
                 data[offset : offset + source.numel()].copy_(source)
