@@ -5,15 +5,20 @@ VENV ?= .venv
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast bench
+.PHONY: setup run test test-fast lint bench
 setup:
 	@bash scripts/setup.sh
 
 run: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/empo2-run $(ARGS)
 
-test: setup
+test: setup lint
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
-test-fast: setup
+test-fast: setup lint
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -m "not e2e and not integration" $(PYTEST_ARGS)
+
+# ruff: lint and format check (line length 120, pyproject.toml); `ruff format .` fixes the format
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .

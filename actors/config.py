@@ -12,7 +12,9 @@ class PolicyServerConfig:
     dtype: str = "auto"  # "auto" = float32 on CPU (bf16 is ~5x slower on AVX2), bfloat16 on GPU
     max_model_len: int = 2048  # prompt + response tokens per request
     gpu_memory_utilization: float = 0.3  # GPU: the share of device memory vLLM may use
-    cpu_omp_threads_bind: str = "nobind"  # CPU: vLLM's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND): "nobind" = one per core,
+    cpu_omp_threads_bind: str = (
+        "nobind"  # CPU: vLLM's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND): "nobind" = one per core,
+    )
     #                           unpinned; a core list ("0", "0-1") pins one thread per listed core. "0" on a 2-core host leaves a
     #                           core to the env actors and the learner (benchmarks/README.md: same env steps/s at 4 actors, 0.7 of
     #                           the CPU; slower with 1 actor)
@@ -32,7 +34,9 @@ class PolicyServerConfig:
 class EnvActorConfig:
     index: int = 0  # this actor's number (set per process): its id and metrics port
     envs_per_actor: int = 1  # ScienceWorld envs (one JVM and one thread each) played concurrently by one process
-    server_selection: str = "least_loaded"  # "least_loaded" (fewest requests in flight from this process) | "round_robin"
+    server_selection: str = (
+        "least_loaded"  # "least_loaded" (fewest requests in flight from this process) | "round_robin"
+    )
     max_steps: int = 30  # step limit per episode
     max_steps_per_task: dict[str, int] = field(default_factory=dict)  # per-task limits over max_steps,
     #                           e.g. +env_actor.max_steps_per_task.boil=60 ("+": Hydra adds a key to the map)

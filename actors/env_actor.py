@@ -18,22 +18,32 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import zmq
 
 from actors.prompts import PromptBuilder
-from actors.scienceworld_env import ScienceWorld, most_similar_action
-from common.config import PipelineConfig
-from common.process import run_role
 from common.metrics import EnvActorMetrics
 from common.model_prep import resolve_model
+from common.process import run_role
+from common.scienceworld import ScienceWorld, most_similar_action
+from pipeline.config import PipelineConfig
 from protocol import Client, RemoteError, RequestTimeout
 from protocol.messages import (
-    OFF_POLICY, ON_POLICY_TIPS, Ack, Assignment, AssignmentRequest, EpisodeReport, GenerateRequest,
-    GenerateResponse, MemoryQuery, MemoryResult, Trajectory, Wait,
+    OFF_POLICY,
+    ON_POLICY_TIPS,
+    Ack,
+    Assignment,
+    AssignmentRequest,
+    EpisodeReport,
+    GenerateRequest,
+    GenerateResponse,
+    MemoryQuery,
+    MemoryResult,
+    Trajectory,
+    Wait,
 )
 from protocol.transport import wait_until_ready
 
@@ -65,14 +75,22 @@ class EpisodeStats:
 
 
 class EpisodeRunner:
-    def __init__(self, env: ScienceWorld, prompts: PromptBuilder, max_steps: int, max_steps_per_task: dict[str, int] | None = None):
+    def __init__(
+        self,
+        env: ScienceWorld,
+        prompts: PromptBuilder,
+        max_steps: int,
+        max_steps_per_task: dict[str, int] | None = None,
+    ):
         self.env, self.prompts = env, prompts
         self.max_steps, self.max_steps_per_task = max_steps, dict(max_steps_per_task or {})
 
     def step_limit(self, task: str) -> int:
         return self.max_steps_per_task.get(task, self.max_steps)
 
-    def play(self, a: Assignment, actor_id: str, generate: GenerateFn, retrieve: RetrieveFn) -> tuple[Trajectory, EpisodeStats]:
+    def play(
+        self, a: Assignment, actor_id: str, generate: GenerateFn, retrieve: RetrieveFn
+    ) -> tuple[Trajectory, EpisodeStats]:
         stats = EpisodeStats()
         result = self.env.reset(a.task, a.variation)
         task = self.env.task_description
@@ -109,15 +127,25 @@ class EpisodeRunner:
         responses = [t.response.token_ids for t in turns]
         spans = [(i, s, e) for i, t in enumerate(turns) for s, e in t.tip_spans]
         return Trajectory(
-            episode_id=uuid.uuid4().hex, group_id=a.group_id, slot=a.slot, actor_id=actor_id,
-            task=a.task, variation=a.variation, mode=a.mode, score=score, done=done,
-            prompt_token_ids=np.concatenate(prompts).astype(np.int32), prompt_offsets=offsets(prompts),
-            response_token_ids=np.concatenate(responses).astype(np.int32), response_offsets=offsets(responses),
+            episode_id=uuid.uuid4().hex,
+            group_id=a.group_id,
+            slot=a.slot,
+            actor_id=actor_id,
+            task=a.task,
+            variation=a.variation,
+            mode=a.mode,
+            score=score,
+            done=done,
+            prompt_token_ids=np.concatenate(prompts).astype(np.int32),
+            prompt_offsets=offsets(prompts),
+            response_token_ids=np.concatenate(responses).astype(np.int32),
+            response_offsets=offsets(responses),
             behaviour_logprobs=np.concatenate([t.response.logprobs for t in turns]).astype(np.float32),
             tip_spans=np.asarray(spans, dtype=np.int32).reshape(-1, 3),
             policy_versions=np.asarray([t.response.policy_version for t in turns], dtype=np.int32),
             num_memories=np.asarray([t.num_memories for t in turns], dtype=np.int32),
-            observations=[t.state for t in turns], actions=[t.action for t in turns],
+            observations=[t.state for t in turns],
+            actions=[t.action for t in turns],
         )
 
 
@@ -160,8 +188,13 @@ class ServerChooser:
 class ActorProcess:
     """One env's episode loop and its sockets (ZeroMQ sockets are per thread)."""
 
-    def __init__(self, cfg: PipelineConfig, metrics: EnvActorMetrics | None = None, slot: int = 0,
-                 chooser: ServerChooser | None = None):
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        metrics: EnvActorMetrics | None = None,
+        slot: int = 0,
+        chooser: ServerChooser | None = None,
+    ):
         self.cfg, self.acfg = cfg, cfg.env_actor
         self.actor_id = f"actor{self.acfg.index}" + (f".{slot}" if slot else "")
         self.metrics = metrics or EnvActorMetrics()
@@ -177,8 +210,12 @@ class ActorProcess:
         runner = runner or open_episode_runner(self.cfg)
         try:
             for client in [self.buffer, *self.policies]:
-                pong = wait_until_ready(client, self.actor_id, self.acfg.startup_timeout_s,
-                                        on_wait=lambda left, ep=client.endpoint: log.info("waiting for %s (%.0fs left)", ep, left))
+                pong = wait_until_ready(
+                    client,
+                    self.actor_id,
+                    self.acfg.startup_timeout_s,
+                    on_wait=lambda left, ep=client.endpoint: log.info("waiting for %s (%.0fs left)", ep, left),
+                )
                 self.metrics.policy_version.set(max(pong.policy_version, 0))
             log.info("%s ready; playing episodes", self.actor_id)
             while True:
@@ -188,9 +225,17 @@ class ActorProcess:
                 self._upload(trajectory)
                 self._report_to_memory(trajectory, runner.env.task_description)
                 self._record(trajectory, stats)
-                log.info("episode %s %s/%d mode=%s turns=%d score=%.0f versions=%s (%.1fs)", trajectory.episode_id[:8],
-                         trajectory.task, trajectory.variation, trajectory.mode, trajectory.num_turns, trajectory.score,
-                         sorted(set(trajectory.policy_versions.tolist())), time.time() - t0)
+                log.info(
+                    "episode %s %s/%d mode=%s turns=%d score=%.0f versions=%s (%.1fs)",
+                    trajectory.episode_id[:8],
+                    trajectory.task,
+                    trajectory.variation,
+                    trajectory.mode,
+                    trajectory.num_turns,
+                    trajectory.score,
+                    sorted(set(trajectory.policy_versions.tolist())),
+                    time.time() - t0,
+                )
         finally:
             runner.env.close()
 
@@ -205,8 +250,12 @@ class ActorProcess:
     def _generate(self, prompt_ids: np.ndarray, seed: int) -> GenerateResponse:
         """On the server the chooser picks; after a timeout the retry goes to the next one."""
         request = GenerateRequest(
-            request_id=f"{self.actor_id}-{next(self._request_ids)}", prompt_token_ids=prompt_ids,
-            max_tokens=self.acfg.max_action_tokens, temperature=self.acfg.temperature, seed=seed, stop=["\n"],
+            request_id=f"{self.actor_id}-{next(self._request_ids)}",
+            prompt_token_ids=prompt_ids,
+            max_tokens=self.acfg.max_action_tokens,
+            temperature=self.acfg.temperature,
+            seed=seed,
+            stop=["\n"],
         )
         for attempt in itertools.count(1):
             index = self.chooser.acquire()
@@ -250,16 +299,24 @@ class ActorProcess:
             self.metrics.errors.labels("memory_report").inc()
             return
         report = EpisodeReport(
-            episode_id=trajectory.episode_id, task=trajectory.task, variation=trajectory.variation,
-            task_description=task_description, score=trajectory.score,
-            observations=trajectory.observations, actions=trajectory.actions,
+            episode_id=trajectory.episode_id,
+            task=trajectory.task,
+            variation=trajectory.variation,
+            task_description=task_description,
+            score=trajectory.score,
+            observations=trajectory.observations,
+            actions=trajectory.actions,
         )
         try:
             self.memory.call(report)
             self.metrics.messages_out.labels(report.KIND).inc()
         except (RequestTimeout, RemoteError) as exc:  # memory is best effort; the buffer is not
             self.metrics.errors.labels("memory_report").inc()
-            log.warning("episode report not delivered to memory: %s; not reporting for %.0fs", exc, self.acfg.memory_retry_after_s)
+            log.warning(
+                "episode report not delivered to memory: %s; not reporting for %.0fs",
+                exc,
+                self.acfg.memory_retry_after_s,
+            )
             self._memory_down_until = time.monotonic() + self.acfg.memory_retry_after_s
 
     def _call_with_retry(self, client: Client, msg, retries: int = 1_000_000):
@@ -311,7 +368,10 @@ class ActorPool:
                 failures.append(exc)
                 log.exception("%s stopped", actor.actor_id)
 
-        threads = [threading.Thread(target=play, args=(a, r), name=a.actor_id, daemon=True) for a, r in zip(self.actors, runners)]
+        threads = [
+            threading.Thread(target=play, args=(a, r), name=a.actor_id, daemon=True)
+            for a, r in zip(self.actors, runners)
+        ]
         for t in threads:
             t.start()
         while all(t.is_alive() for t in threads):

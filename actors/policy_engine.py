@@ -103,7 +103,9 @@ def check_weight_sync(weight_sync: str, device: str) -> None:
 
 
 class PolicyEngine:
-    def __init__(self, model_path: str, cfg: PolicyServerConfig, seed: int, weight_sync: str = "zmq", initial_version: int = 0):
+    def __init__(
+        self, model_path: str, cfg: PolicyServerConfig, seed: int, weight_sync: str = "zmq", initial_version: int = 0
+    ):
         device = resolve_device(cfg.device)
         if cfg.tensor_parallel_size > 1 and device != "cuda":
             raise RuntimeError("policy_server.tensor_parallel_size > 1 needs CUDA GPUs")
@@ -140,19 +142,31 @@ class PolicyEngine:
         self._running: set[asyncio.Task] = set()  # generations in flight (aborted by an update in abort mode)
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], max_tokens: int, temperature: float,
-        top_p: float, seed: int, stop: list[str],
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int,
+        stop: list[str],
     ) -> Completion:
         from vllm import SamplingParams
 
         params = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-            stop=stop or None, logprobs=0,  # 0 = the sampled token's log-prob only
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            stop=stop or None,
+            logprobs=0,  # 0 = the sampled token's log-prob only
         )
         for attempt in itertools.count():
             async with self.gate.generation():
                 version = self.version
-                run = asyncio.ensure_future(self._sample(f"{request_id}-{attempt}" if attempt else request_id, prompt_token_ids, params))
+                run = asyncio.ensure_future(
+                    self._sample(f"{request_id}-{attempt}" if attempt else request_id, prompt_token_ids, params)
+                )
                 self._running.add(run)
                 try:
                     final = await run
@@ -168,7 +182,9 @@ class PolicyEngine:
         logprobs = np.asarray(
             [step[tok].logprob for step, tok in zip(choice.logprobs, choice.token_ids)], dtype=np.float32
         )
-        return Completion(token_ids, logprobs, choice.text, str(choice.finish_reason), version, len(prompt_token_ids), attempt)
+        return Completion(
+            token_ids, logprobs, choice.text, str(choice.finish_reason), version, len(prompt_token_ids), attempt
+        )
 
     async def _sample(self, request_id: str, prompt_token_ids: list[int], params):
         from vllm.inputs import TokensPrompt
@@ -186,7 +202,9 @@ class PolicyEngine:
         """Apply a staged safetensors file in every worker (zmq, shm and checkpoint sync); with
         lora_scale > 0 it holds a LoRA adapter, merged onto the base model in the workers."""
         rpc_args = (path, self.model_path, lora_scale)
-        counts = await self._update(version, lambda: self.engine.collective_rpc("load_weights_from_file", args=rpc_args))
+        counts = await self._update(
+            version, lambda: self.engine.collective_rpc("load_weights_from_file", args=rpc_args)
+        )
         log.info("weights v%d live (%s tensors per worker)", version, counts)
 
     async def init_weight_transfer(self, init_info: dict) -> None:

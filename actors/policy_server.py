@@ -22,18 +22,26 @@ import time
 import zmq
 import zmq.asyncio
 
-from common.config import PipelineConfig, load_config
+from actors.weight_receiver import WeightAssembler, WeightUpdateError
 from common.logs import setup_logging
-from common.process import run_async_until_signalled
 from common.metrics import PolicyServerMetrics
 from common.model_prep import resolve_model
+from common.process import run_async_until_signalled
+from pipeline.config import PipelineConfig, load_config
 from protocol import ProtocolError, decode, encode
 from protocol.messages import (
-    ErrorReply, GenerateRequest, GenerateResponse, NcclTransferInit, NcclTransferUpdate, Ping, Pong, WeightChunk, WeightFile,
+    ErrorReply,
+    GenerateRequest,
+    GenerateResponse,
+    NcclTransferInit,
+    NcclTransferUpdate,
+    Ping,
+    Pong,
+    WeightChunk,
+    WeightFile,
     WeightUpdateAck,
 )
 from protocol.weight_file import file_checksum, shared_lock
-from actors.weight_receiver import WeightAssembler, WeightUpdateError
 
 log = logging.getLogger("policy_server")
 
@@ -63,7 +71,9 @@ class PolicyServer:
         from actors.policy_engine import PolicyEngine  # late: importing vLLM takes seconds
 
         t0 = time.time()
-        self.engine = await asyncio.to_thread(PolicyEngine, model_path, self.scfg, self.cfg.seed + self.index, self.cfg.learner.weight_sync)
+        self.engine = await asyncio.to_thread(
+            PolicyEngine, model_path, self.scfg, self.cfg.seed + self.index, self.cfg.learner.weight_sync
+        )
         self.metrics.ready.set(1)
         self.metrics.policy_version.set(self.engine.version)
         log.info("engine ready in %.1fs, serving policy version %d", time.time() - t0, self.engine.version)
@@ -75,7 +85,10 @@ class PolicyServer:
             identity, body = frames[0].bytes, frames[1:]
             try:
                 msg = decode(body, self.scfg.max_weight_message_bytes)
-                if not isinstance(msg, WeightChunk) and sum(len(f.buffer) for f in body) > self.scfg.max_request_message_bytes:
+                if (
+                    not isinstance(msg, WeightChunk)
+                    and sum(len(f.buffer) for f in body) > self.scfg.max_request_message_bytes
+                ):
                     raise ProtocolError("too_large", f"{msg.KIND} over {self.scfg.max_request_message_bytes} bytes")
             except ProtocolError as exc:
                 self.metrics.rejected.labels(exc.reason).inc()
@@ -85,7 +98,9 @@ class PolicyServer:
             self.metrics.messages_in.labels(msg.KIND).inc()
             if isinstance(msg, Ping):
                 version = self.engine.version if self.engine else -1
-                await self._send(identity, Pong(role="policy_server", policy_version=version, ready=self.engine is not None))
+                await self._send(
+                    identity, Pong(role="policy_server", policy_version=version, ready=self.engine is not None)
+                )
             elif self.engine is None:
                 await self._send(identity, ErrorReply(reason="not_ready", detail="engine still starting"))
             elif isinstance(msg, GenerateRequest):
@@ -98,7 +113,9 @@ class PolicyServer:
                 self._spawn(self._nccl_transfer(identity, msg))
             else:
                 self.metrics.rejected.labels("unexpected_kind").inc()
-                await self._send(identity, ErrorReply(reason="unexpected_kind", detail=f"{msg.KIND} is not served here"))
+                await self._send(
+                    identity, ErrorReply(reason="unexpected_kind", detail=f"{msg.KIND} is not served here")
+                )
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -114,16 +131,29 @@ class PolicyServer:
         t0 = time.perf_counter()
         try:
             out = await self.engine.generate(
-                req.request_id, req.prompt_token_ids.tolist(), req.max_tokens, req.temperature, req.top_p, req.seed, req.stop
+                req.request_id,
+                req.prompt_token_ids.tolist(),
+                req.max_tokens,
+                req.temperature,
+                req.top_p,
+                req.seed,
+                req.stop,
             )
             self.metrics.generated_tokens.inc(len(out.token_ids))
             self.metrics.requests_retried.inc(out.retries)
             self.metrics.prompt_tokens.inc(out.prompt_tokens)
             self.metrics.request_latency.observe(time.perf_counter() - t0)
-            await self._send(identity, GenerateResponse(
-                request_id=req.request_id, token_ids=out.token_ids, logprobs=out.logprobs, text=out.text,
-                policy_version=out.policy_version, finish_reason=out.finish_reason,
-            ))
+            await self._send(
+                identity,
+                GenerateResponse(
+                    request_id=req.request_id,
+                    token_ids=out.token_ids,
+                    logprobs=out.logprobs,
+                    text=out.text,
+                    policy_version=out.policy_version,
+                    finish_reason=out.finish_reason,
+                ),
+            )
         except Exception as exc:  # one bad request must not take the server down
             self.metrics.errors.labels("generate").inc()
             log.exception("generation %s failed", req.request_id)
@@ -142,9 +172,15 @@ class PolicyServer:
             await self._send(identity, ErrorReply(reason="weight_update_rejected", detail=str(exc)))
             return
         if staged is None:
-            await self._send(identity, WeightUpdateAck(version=self.engine.version, chunk_index=chunk.chunk_index, applied=False))
+            await self._send(
+                identity, WeightUpdateAck(version=self.engine.version, chunk_index=chunk.chunk_index, applied=False)
+            )
             return
-        self._spawn(self._apply(identity, chunk.version, chunk.chunk_index, staged, self._update_t0, chunk.lora_scale, remove_after=True))
+        self._spawn(
+            self._apply(
+                identity, chunk.version, chunk.chunk_index, staged, self._update_t0, chunk.lora_scale, remove_after=True
+            )
+        )
 
     async def _weight_file(self, identity: bytes, update: WeightFile) -> None:
         """Verify the file's checksum (off the event loop: it reads every byte), then apply it
@@ -154,8 +190,13 @@ class PolicyServer:
         real = os.path.realpath(update.path)
         if not any(real.startswith(d + os.sep) for d in self.weight_dirs):
             self.metrics.rejected.labels("weight_path").inc()
-            await self._send(identity, ErrorReply(
-                reason="weight_update_rejected", detail=f"{update.path} is outside policy_server.allowed_weight_dirs and the run's checkpoints"))
+            await self._send(
+                identity,
+                ErrorReply(
+                    reason="weight_update_rejected",
+                    detail=f"{update.path} is outside policy_server.allowed_weight_dirs and the run's checkpoints",
+                ),
+            )
             return
         with contextlib.ExitStack() as held:
             try:
@@ -165,7 +206,13 @@ class PolicyServer:
                 actual = f"unreadable ({exc})"
             if actual != update.checksum:
                 self.metrics.rejected.labels("weight_checksum").inc()
-                await self._send(identity, ErrorReply(reason="weight_update_rejected", detail=f"v{update.version}: checksum {actual} != {update.checksum}"))
+                await self._send(
+                    identity,
+                    ErrorReply(
+                        reason="weight_update_rejected",
+                        detail=f"v{update.version}: checksum {actual} != {update.checksum}",
+                    ),
+                )
                 return
             self.metrics.weight_update_bytes.inc(os.path.getsize(real))
             await self._apply(identity, update.version, 0, real, t0, update.lora_scale)
@@ -188,8 +235,16 @@ class PolicyServer:
             return
         await self._updated(identity, msg.version, 0, time.perf_counter() - t0, t0)
 
-    async def _apply(self, identity: bytes, version: int, chunk_index: int, path: str, t0: float, lora_scale: float = 0.0,
-                     remove_after: bool = False) -> None:
+    async def _apply(
+        self,
+        identity: bytes,
+        version: int,
+        chunk_index: int,
+        path: str,
+        t0: float,
+        lora_scale: float = 0.0,
+        remove_after: bool = False,
+    ) -> None:
         """Load the weights at `path` into the engine; a file this server staged itself is deleted
         afterwards (the engine holds the tensors now; in /dev/shm it would hold ~0.5 GB of RAM)."""
         t_apply = time.perf_counter()
@@ -211,7 +266,9 @@ class PolicyServer:
         self.metrics.weight_update_seconds.observe(time.perf_counter() - t0)
         self.metrics.policy_version.set(version)
         log.info("policy version %d live (reload %.2fs)", version, apply_s)
-        await self._send(identity, WeightUpdateAck(version=version, chunk_index=chunk_index, applied=True, apply_seconds=apply_s))
+        await self._send(
+            identity, WeightUpdateAck(version=version, chunk_index=chunk_index, applied=True, apply_seconds=apply_s)
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

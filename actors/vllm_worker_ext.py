@@ -90,7 +90,9 @@ def load_packed_cpu(model, weights: list) -> bool:
     copies, packs, used, seen = [], [], set(), set()
     for module_name, module in model.named_modules():
         parent, _, leaf = module_name.rpartition(".")
-        if hasattr(module, "cpu_linear") and not type(getattr(module, "quant_method", None)).__name__.startswith("Unquantized"):
+        if hasattr(module, "cpu_linear") and not type(getattr(module, "quant_method", None)).__name__.startswith(
+            "Unquantized"
+        ):
             return False  # quantized kernels pack differently
         weight = getattr(module, "weight", None)
         packed = hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.numel() == 0
@@ -98,7 +100,9 @@ def load_packed_cpu(model, weights: list) -> bool:
             if id(param) in seen:  # a tied parameter (lm_head = embed_tokens) is loaded once
                 continue
             seen.add(id(param))
-            parts = [f"{parent}.{p}.{param_name}".lstrip(".") for p in fused.get(leaf, ())] or [f"{module_name}.{param_name}"]
+            parts = [f"{parent}.{p}.{param_name}".lstrip(".") for p in fused.get(leaf, ())] or [
+                f"{module_name}.{param_name}"
+            ]
             if not all(p in sources for p in parts):
                 return False
             used.update(parts)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from protocol.messages import TensorMeta, WeightChunk, lora_merged
+from common.lora import lora_merged
+from protocol.messages import TensorMeta, WeightChunk
 from protocol.weight_file import SAFETENSORS_DTYPES, bytes_tensor, weights_checksum, write_weight_file
 
 
@@ -31,7 +32,12 @@ def frame_tensors(metas: list[TensorMeta], buffers) -> list[tuple[str, torch.Ten
             raise WeightUpdateError(f"tensor {meta.name}: dtype {meta.dtype} not supported")
         if len(buf) != math.prod(meta.shape) * dtype.itemsize:
             raise WeightUpdateError(f"tensor {meta.name}: {len(buf)} bytes for shape {meta.shape} of {meta.dtype}")
-        tensors.append((meta.name, bytes_tensor(buf).view(dtype).view(meta.shape) if len(buf) else torch.empty(meta.shape, dtype=dtype)))
+        tensors.append(
+            (
+                meta.name,
+                bytes_tensor(buf).view(dtype).view(meta.shape) if len(buf) else torch.empty(meta.shape, dtype=dtype),
+            )
+        )
     return tensors
 
 
@@ -63,7 +69,9 @@ class WeightAssembler:
         return str(path)
 
 
-def merged_lora_weights(base_dir: str, adapter: dict[str, torch.Tensor], scale: float) -> list[tuple[str, torch.Tensor]]:
+def merged_lora_weights(
+    base_dir: str, adapter: dict[str, torch.Tensor], scale: float
+) -> list[tuple[str, torch.Tensor]]:
     """The base model's tensors (HF safetensors in `base_dir`, memory-mapped) with each adapted
     module's weight replaced by W0 + scale * B @ A; `adapter` holds `<module>.lora_A.weight` and
     `<module>.lora_B.weight` pairs. Checked in full before anything is returned, so a bad adapter
@@ -86,7 +94,9 @@ def merged_lora_weights(base_dir: str, adapter: dict[str, torch.Tensor], scale: 
             if module in modules:
                 a, b = adapter[f"{module}.lora_A.weight"], adapter[f"{module}.lora_B.weight"]
                 if (b.shape[0], a.shape[1]) != tuple(weight.shape) or a.shape[0] != b.shape[1]:
-                    raise WeightUpdateError(f"LoRA update: {module} B{list(b.shape)} A{list(a.shape)} do not fit W{list(weight.shape)}")
+                    raise WeightUpdateError(
+                        f"LoRA update: {module} B{list(b.shape)} A{list(a.shape)} do not fit W{list(weight.shape)}"
+                    )
                 weight = lora_merged(weight, a, b, scale)
             merged.append((name, weight))
     return merged

@@ -4,7 +4,7 @@ measured alone in the same run, to show which stage bounds the pipeline and how 
     .venv/bin/python -m benchmarks.env_throughput [--actors 1 2 4] [--window-s 45] [--warmup-s 10] [--quick]
 
 For each actor count N the concurrency is C = N x envs_per_actor (ScienceWorld envs in flight):
-  (a) env alone   C threads, one ScienceWorld each (actors.scienceworld_env.ScienceWorld with the
+  (a) env alone   C threads, one ScienceWorld each (common.scienceworld.ScienceWorld with the
                   pipeline's task, train variations, simplification and step limit), episodes of
                   env_actor.max_steps steps with a random valid action, no LLM: env steps/s.
                   Every decision point (task, history, state) is recorded for (b).
@@ -51,14 +51,14 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from actors.scienceworld_env import ScienceWorld
-from common.config import PipelineConfig, load_config
 from common.metrics import RoleMetrics
 from common.model_prep import resolve_model
 from common.process import exit_on_sigterm
+from common.scienceworld import ScienceWorld
 from common.server import serve_requests
 from deploy.launch import Launcher, role_commands
 from deploy.monitor import scrape, total
+from pipeline.config import PipelineConfig, load_config
 from protocol.messages import Ack, EpisodeReport, GenerateRequest, MemoryQuery, MemoryResult, Ping, Pong
 
 HERE = Path(__file__).resolve().parent
@@ -73,10 +73,16 @@ POLL_S = 0.5  # the server's generation counter is read this often during the pi
 def overrides(args: argparse.Namespace, run_dir: str, max_envs: int) -> list[str]:
     """The pipeline config of every stage: conf/pipeline.yaml plus ports, no memory, no backpressure."""
     return [
-        f"endpoints.policy_servers=[tcp://127.0.0.1:{POLICY_PORT}]", f"endpoints.replay_buffer=tcp://127.0.0.1:{BUFFER_PORT}",
-        f"endpoints.memory_service=tcp://127.0.0.1:{MEMORY_PORT}", f"metrics.base_port={METRICS_BASE}", f"run_dir={run_dir}",
-        "replay_buffer.p_memory=0", f"replay_buffer.max_open_groups={max_envs}", "replay_buffer.max_ready_groups=1000000",
-        *([f"env_actor.envs_per_actor={args.envs_per_actor}"] if args.envs_per_actor else []), *args.overrides,
+        f"endpoints.policy_servers=[tcp://127.0.0.1:{POLICY_PORT}]",
+        f"endpoints.replay_buffer=tcp://127.0.0.1:{BUFFER_PORT}",
+        f"endpoints.memory_service=tcp://127.0.0.1:{MEMORY_PORT}",
+        f"metrics.base_port={METRICS_BASE}",
+        f"run_dir={run_dir}",
+        "replay_buffer.p_memory=0",
+        f"replay_buffer.max_open_groups={max_envs}",
+        "replay_buffer.max_ready_groups=1000000",
+        *([f"env_actor.envs_per_actor={args.envs_per_actor}"] if args.envs_per_actor else []),
+        *args.overrides,
     ]
 
 
@@ -165,13 +171,22 @@ def counter_rate(samples: list[tuple[float, float]]) -> float:
 @dataclass
 class Decision:
     """What an actor's prompt is built from at one step (EpisodeRunner.play)."""
+
     task: str
     history: list[tuple[str, str]]
     state: str
 
 
-def env_alone(cfg: PipelineConfig, envs: list[ScienceWorld], targets: list[tuple[str, int]], warmup_s: float,
-              window_s: float, seed: int, decisions: list[Decision], exclude: list[int]) -> Rate:
+def env_alone(
+    cfg: PipelineConfig,
+    envs: list[ScienceWorld],
+    targets: list[tuple[str, int]],
+    warmup_s: float,
+    window_s: float,
+    seed: int,
+    decisions: list[Decision],
+    exclude: list[int],
+) -> Rate:
     acfg = cfg.env_actor
     done: dict[int, list[float]] = {k: [] for k in range(len(envs))}
     episode_lengths: list[int] = []
@@ -186,7 +201,7 @@ def env_alone(cfg: PipelineConfig, envs: list[ScienceWorld], targets: list[tuple
             episode += len(envs)
             result = env.reset(task, variation)
             history: list[tuple[str, str]] = []
-            for step in range(acfg.max_steps):
+            for step in range(acfg.max_steps):  # noqa: B007 (the episode length, read after the loop)
                 decisions.append(Decision(env.task_description, list(history), result.state))
                 action = rng.choice(result.valid_actions)
                 result = env.step(action)
@@ -212,8 +227,16 @@ def env_alone(cfg: PipelineConfig, envs: list[ScienceWorld], targets: list[tuple
 
 
 # ---------------------------------------------------------------------------- (b) vLLM alone
-async def llm_alone(engine, prompts: list[np.ndarray], cfg: PipelineConfig, concurrency: int, warmup_s: float,
-                    window_s: float, tag: str, exclude: list[int]) -> Rate:
+async def llm_alone(
+    engine,
+    prompts: list[np.ndarray],
+    cfg: PipelineConfig,
+    concurrency: int,
+    warmup_s: float,
+    window_s: float,
+    tag: str,
+    exclude: list[int],
+) -> Rate:
     acfg = cfg.env_actor
     done: dict[int, list[float]] = {k: [] for k in range(concurrency)}
     tokens: list[int] = []
@@ -225,11 +248,24 @@ async def llm_alone(engine, prompts: list[np.ndarray], cfg: PipelineConfig, conc
         i = k
         while time.perf_counter() < t1:
             # the request an actor sends (ActorProcess._generate), served as the policy server does
-            req = GenerateRequest(request_id=f"{tag}-{i}", prompt_token_ids=prompts[i % len(prompts)],
-                                  max_tokens=acfg.max_action_tokens, temperature=acfg.temperature, seed=i, stop=["\n"])
+            req = GenerateRequest(
+                request_id=f"{tag}-{i}",
+                prompt_token_ids=prompts[i % len(prompts)],
+                max_tokens=acfg.max_action_tokens,
+                temperature=acfg.temperature,
+                seed=i,
+                stop=["\n"],
+            )
             t = time.perf_counter()
-            out = await engine.generate(req.request_id, req.prompt_token_ids.tolist(), req.max_tokens, req.temperature,
-                                        req.top_p, req.seed, req.stop)
+            out = await engine.generate(
+                req.request_id,
+                req.prompt_token_ids.tolist(),
+                req.max_tokens,
+                req.temperature,
+                req.top_p,
+                req.seed,
+                req.stop,
+            )
             done[k].append(time.perf_counter())
             tokens.append(len(out.token_ids))
             if t0 <= done[k][-1] < t1:
@@ -246,8 +282,15 @@ async def llm_alone(engine, prompts: list[np.ndarray], cfg: PipelineConfig, conc
 
     (load, cpu_s), *_ = await asyncio.gather(measure_cpu(), *(worker(k) for k in range(concurrency)))
     n, rate = window_rate(done, t_start, t0, t1)
-    return Rate(concurrency, rate, n, window_s, load, cpu_s, {"mean_generated_tokens": float(np.mean(tokens)),
-                                                       "mean_generation_s": float(np.mean(latencies))})
+    return Rate(
+        concurrency,
+        rate,
+        n,
+        window_s,
+        load,
+        cpu_s,
+        {"mean_generated_tokens": float(np.mean(tokens)), "mean_generation_s": float(np.mean(latencies))},
+    )
 
 
 def prompt_builder(cfg: PipelineConfig):
@@ -269,13 +312,21 @@ def merge(before: Rate, after: Rate) -> Rate:
     the stages shows up in both the bound and the pipeline."""
     extra = {k: (before.extra[k] + after.extra[k]) / 2 for k in before.extra}
     extra["steps_per_s_before_after"] = [before.steps_per_s, after.steps_per_s]
-    return Rate(before.concurrency, (before.steps_per_s + after.steps_per_s) / 2, before.count + after.count,
-                before.window_s + after.window_s, (before.load_average + after.load_average) / 2, before.cpu_s + after.cpu_s, extra)
+    return Rate(
+        before.concurrency,
+        (before.steps_per_s + after.steps_per_s) / 2,
+        before.count + after.count,
+        before.window_s + after.window_s,
+        (before.load_average + after.load_average) / 2,
+        before.cpu_s + after.cpu_s,
+        extra,
+    )
 
 
 # ---------------------------------------------------------------------------- (c) the pipeline
 def memory_stub(endpoint: str) -> None:
     """Answers what an actor sends the memory service (p_memory = 0: only per-episode reports)."""
+
     def handle(msg):
         if isinstance(msg, Ping):
             return Pong(role="memory_service", policy_version=0, ready=True)
@@ -321,8 +372,15 @@ def wait_for_server(cfg: PipelineConfig, server: Launcher, timeout_s: float) -> 
         time.sleep(1.0)
 
 
-def pipeline_run(base_overrides: list[str], actors: int, envs_per_actor: int, server: Launcher, warmup_s: float,
-                 window_s: float, timeout_s: float) -> Rate:
+def pipeline_run(
+    base_overrides: list[str],
+    actors: int,
+    envs_per_actor: int,
+    server: Launcher,
+    warmup_s: float,
+    window_s: float,
+    timeout_s: float,
+) -> Rate:
     cfg = load_config([*base_overrides, f"launch.num_env_actors={actors}"])
     launcher = Launcher(cfg, base_overrides, roles=[r for r in role_commands(cfg) if r[0].startswith("env_actor")])
     try:
@@ -331,8 +389,10 @@ def pipeline_run(base_overrides: list[str], actors: int, envs_per_actor: int, se
         while pipeline_counts(cfg, actors)["actors_with_episodes"] < actors:  # every actor plays
             check_alive([server, launcher])
             if time.monotonic() - t_start > timeout_s:
-                raise RuntimeError(f"not every actor finished an episode within {timeout_s:.0f}s:\n"
-                                   + "\n".join(c.tail(10) for c in launcher.children))
+                raise RuntimeError(
+                    f"not every actor finished an episode within {timeout_s:.0f}s:\n"
+                    + "\n".join(c.tail(10) for c in launcher.children)
+                )
             time.sleep(1.0)
         ready_s = time.monotonic() - t_start
         time.sleep(warmup_s)
@@ -351,15 +411,18 @@ def pipeline_run(base_overrides: list[str], actors: int, envs_per_actor: int, se
         launcher.stop()
     delta = {k: after[k] - before[k] for k in before if k != "actors_with_episodes"}
     seconds = t1 - t0
-    extra = {"actor_env_steps_per_s": delta["actor_env_steps"] / seconds, "episodes": delta["episodes"],
-             "mean_episode_steps": delta["actor_env_steps"] / max(delta["episodes"], 1),
-             "mean_generated_tokens": delta["generated_tokens"] / max(delta["generations"], 1),
-             "mean_prompt_tokens": delta["prompt_tokens"] / max(delta["generations"], 1),
-             # per turn: the actor's wall time (generate + env step), of which the server's generation latency
-             "mean_turn_s": delta["turn_seconds"] / max(delta["turns"], 1),
-             "mean_server_generation_s": delta["generation_seconds"] / max(delta["generations"], 1),
-             "invalid_action_fraction": delta["invalid_actions"] / max(delta["actor_env_steps"], 1),
-             "actors_ready_s": ready_s}
+    extra = {
+        "actor_env_steps_per_s": delta["actor_env_steps"] / seconds,
+        "episodes": delta["episodes"],
+        "mean_episode_steps": delta["actor_env_steps"] / max(delta["episodes"], 1),
+        "mean_generated_tokens": delta["generated_tokens"] / max(delta["generations"], 1),
+        "mean_prompt_tokens": delta["prompt_tokens"] / max(delta["generations"], 1),
+        # per turn: the actor's wall time (generate + env step), of which the server's generation latency
+        "mean_turn_s": delta["turn_seconds"] / max(delta["turns"], 1),
+        "mean_server_generation_s": delta["generation_seconds"] / max(delta["generations"], 1),
+        "invalid_action_fraction": delta["invalid_actions"] / max(delta["actor_env_steps"], 1),
+        "actors_ready_s": ready_s,
+    }
     extra["generations_over_window_per_s"] = delta["generations"] / seconds
     extra["polled_generations"] = [(round(t - t0, 2), v) for t, v in polled]  # (s into the window, server count)
     return Rate(actors * envs_per_actor, counter_rate(polled), int(delta["generations"]), seconds, load, cpu_s, extra)
@@ -370,52 +433,79 @@ def analyse(actors: int, a: Rate, b: Rate, c: Rate) -> dict:
     bottleneck = min(a.steps_per_s, b.steps_per_s)
     serial = 1 / (1 / a.steps_per_s + 1 / b.steps_per_s)
     return {
-        "actors": actors, "concurrency": c.concurrency, "pipeline_steps_per_s": c.steps_per_s,
-        "env_alone_steps_per_s": a.steps_per_s, "llm_alone_generations_per_s": b.steps_per_s,
-        "pipeline_over_env": c.steps_per_s / a.steps_per_s, "pipeline_over_llm": c.steps_per_s / b.steps_per_s,
-        "bottleneck": "env (a)" if a.steps_per_s <= b.steps_per_s else "LLM (b)", "bottleneck_steps_per_s": bottleneck,
+        "actors": actors,
+        "concurrency": c.concurrency,
+        "pipeline_steps_per_s": c.steps_per_s,
+        "env_alone_steps_per_s": a.steps_per_s,
+        "llm_alone_generations_per_s": b.steps_per_s,
+        "pipeline_over_env": c.steps_per_s / a.steps_per_s,
+        "pipeline_over_llm": c.steps_per_s / b.steps_per_s,
+        "bottleneck": "env (a)" if a.steps_per_s <= b.steps_per_s else "LLM (b)",
+        "bottleneck_steps_per_s": bottleneck,
         "pipeline_over_bottleneck": c.steps_per_s / bottleneck,
-        "serial_bound_steps_per_s": serial, "pipeline_over_serial_bound": c.steps_per_s / serial,
+        "serial_bound_steps_per_s": serial,
+        "pipeline_over_serial_bound": c.steps_per_s / serial,
         # CPU seconds per step, less sensitive to the other tenants of the machine than the rates
-        "cpu_s_per_step_env": a.cpu_s_per_step, "cpu_s_per_generation_llm": b.cpu_s_per_step,
+        "cpu_s_per_step_env": a.cpu_s_per_step,
+        "cpu_s_per_generation_llm": b.cpu_s_per_step,
         "cpu_s_per_step_pipeline": c.cpu_s_per_step,
-        "cpu_share": {"env": a.cpu_s / a.window_s / CPUS, "llm": b.cpu_s / b.window_s / CPUS, "pipeline": c.cpu_s / c.window_s / CPUS},
+        "cpu_share": {
+            "env": a.cpu_s / a.window_s / CPUS,
+            "llm": b.cpu_s / b.window_s / CPUS,
+            "pipeline": c.cpu_s / c.window_s / CPUS,
+        },
         "pipeline_cpu_efficiency": (a.cpu_s_per_step + b.cpu_s_per_step) / c.cpu_s_per_step,
         "cpu_bound_steps_per_s": CPUS / (a.cpu_s_per_step + b.cpu_s_per_step),
     }
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"\n{'actors':>6} {'envs':>4} {'pipeline':>9} {'(a) env':>8} {'(b) LLM':>8} {'÷(a)':>6} {'÷(b)':>6} "
-          f"{'bound by':>9} {'÷bottleneck':>12} {'serial':>7} {'÷serial':>8}")
+    print(
+        f"\n{'actors':>6} {'envs':>4} {'pipeline':>9} {'(a) env':>8} {'(b) LLM':>8} {'÷(a)':>6} {'÷(b)':>6} "
+        f"{'bound by':>9} {'÷bottleneck':>12} {'serial':>7} {'÷serial':>8}"
+    )
     for r in rows:
-        print(f"{r['actors']:>6} {r['concurrency']:>4} {r['pipeline_steps_per_s']:>9.2f} {r['env_alone_steps_per_s']:>8.2f} "
-              f"{r['llm_alone_generations_per_s']:>8.2f} {r['pipeline_over_env']:>6.2f} {r['pipeline_over_llm']:>6.2f} "
-              f"{r['bottleneck']:>9} {r['pipeline_over_bottleneck']:>12.2f} {r['serial_bound_steps_per_s']:>7.2f} "
-              f"{r['pipeline_over_serial_bound']:>8.2f}")
+        print(
+            f"{r['actors']:>6} {r['concurrency']:>4} {r['pipeline_steps_per_s']:>9.2f} {r['env_alone_steps_per_s']:>8.2f} "
+            f"{r['llm_alone_generations_per_s']:>8.2f} {r['pipeline_over_env']:>6.2f} {r['pipeline_over_llm']:>6.2f} "
+            f"{r['bottleneck']:>9} {r['pipeline_over_bottleneck']:>12.2f} {r['serial_bound_steps_per_s']:>7.2f} "
+            f"{r['pipeline_over_serial_bound']:>8.2f}"
+        )
     print("steps/s; envs = actors x envs_per_actor = concurrency of (a) and (b); serial = 1/(1/a + 1/b)")
-    print(f"\n{'actors':>6} {'CPU-s/step: (a)':>16} {'(b)':>6} {'(c)':>6} {'(a)+(b) / (c)':>14} {'CPU bound':>10} "
-          f"{'CPU share: (a)':>15} {'(b)':>5} {'(c)':>5}")
+    print(
+        f"\n{'actors':>6} {'CPU-s/step: (a)':>16} {'(b)':>6} {'(c)':>6} {'(a)+(b) / (c)':>14} {'CPU bound':>10} "
+        f"{'CPU share: (a)':>15} {'(b)':>5} {'(c)':>5}"
+    )
     for r in rows:
         share = r["cpu_share"]
-        print(f"{r['actors']:>6} {r['cpu_s_per_step_env']:>16.3f} {r['cpu_s_per_generation_llm']:>6.2f} "
-              f"{r['cpu_s_per_step_pipeline']:>6.2f} {r['pipeline_cpu_efficiency']:>14.2f} {r['cpu_bound_steps_per_s']:>10.2f} "
-              f"{share['env']:>15.2f} {share['llm']:>5.2f} {share['pipeline']:>5.2f}")
-    print(f"CPU-s/step: CPU seconds of the stage's processes per step in the window; (a)+(b) / (c): the pipeline's CPU "
-          f"efficiency; CPU bound: {CPUS} cores / ((a)+(b)) steps/s; share: of all {CPUS} cores")
+        print(
+            f"{r['actors']:>6} {r['cpu_s_per_step_env']:>16.3f} {r['cpu_s_per_generation_llm']:>6.2f} "
+            f"{r['cpu_s_per_step_pipeline']:>6.2f} {r['pipeline_cpu_efficiency']:>14.2f} {r['cpu_bound_steps_per_s']:>10.2f} "
+            f"{share['env']:>15.2f} {share['llm']:>5.2f} {share['pipeline']:>5.2f}"
+        )
+    print(
+        f"CPU-s/step: CPU seconds of the stage's processes per step in the window; (a)+(b) / (c): the pipeline's CPU "
+        f"efficiency; CPU bound: {CPUS} cores / ((a)+(b)) steps/s; share: of all {CPUS} cores"
+    )
 
 
 def print_details(actors: list[int], env_rates: list[Rate], llm_rates: list[Rate], pipeline_rates: list[Rate]) -> None:
-    print(f"\n{'actors':>6} | {'(a) ep. steps':>13} | {'(b) gen s':>9} {'tokens':>6} | {'(c) turn s':>10} {'server gen s':>12} "
-          f"{'tokens':>6} {'prompt':>6} {'ep. steps':>9} {'actor ctr/s':>11} {'load':>5}")
+    print(
+        f"\n{'actors':>6} | {'(a) ep. steps':>13} | {'(b) gen s':>9} {'tokens':>6} | {'(c) turn s':>10} {'server gen s':>12} "
+        f"{'tokens':>6} {'prompt':>6} {'ep. steps':>9} {'actor ctr/s':>11} {'load':>5}"
+    )
     for n, a, b, c in zip(actors, env_rates, llm_rates, pipeline_rates):
         e = c.extra
-        print(f"{n:>6} | {a.extra['mean_episode_steps']:>13.2f} | {b.extra['mean_generation_s']:>9.2f} "
-              f"{b.extra['mean_generated_tokens']:>6.1f} | {e['mean_turn_s']:>10.2f} {e['mean_server_generation_s']:>12.2f} "
-              f"{e['mean_generated_tokens']:>6.1f} {e['mean_prompt_tokens']:>6.0f} {e['mean_episode_steps']:>9.2f} "
-              f"{e['actor_env_steps_per_s']:>11.2f} {c.load_average:>5.1f}")
-    print("turn s: an actor's wall time per turn (generate + env step); server gen s: the server's latency per "
-          "generation; actor ctr/s: steps/s from the actors' counters (whole episodes only)")
+        print(
+            f"{n:>6} | {a.extra['mean_episode_steps']:>13.2f} | {b.extra['mean_generation_s']:>9.2f} "
+            f"{b.extra['mean_generated_tokens']:>6.1f} | {e['mean_turn_s']:>10.2f} {e['mean_server_generation_s']:>12.2f} "
+            f"{e['mean_generated_tokens']:>6.1f} {e['mean_prompt_tokens']:>6.0f} {e['mean_episode_steps']:>9.2f} "
+            f"{e['actor_env_steps_per_s']:>11.2f} {c.load_average:>5.1f}"
+        )
+    print(
+        "turn s: an actor's wall time per turn (generate + env step); server gen s: the server's latency per "
+        "generation; actor ctr/s: steps/s from the actors' counters (whole episodes only)"
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -423,8 +513,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--actors", type=int, nargs="+", default=[1, 2, 4], help="env actor process counts")
     parser.add_argument("--envs-per-actor", type=int, default=0, help="0 = env_actor.envs_per_actor of the config")
     parser.add_argument("--window-s", type=float, default=45.0, help="pipeline measurement window per actor count")
-    parser.add_argument("--warmup-s", type=float, default=10.0, help="pipeline warm-up after every actor finished an episode")
-    parser.add_argument("--stage-window-s", type=float, default=25.0, help="measurement window of (a) and (b) per concurrency")
+    parser.add_argument(
+        "--warmup-s", type=float, default=10.0, help="pipeline warm-up after every actor finished an episode"
+    )
+    parser.add_argument(
+        "--stage-window-s", type=float, default=25.0, help="measurement window of (a) and (b) per concurrency"
+    )
     parser.add_argument("--stage-warmup-s", type=float, default=5.0, help="warm-up of (a) and (b) per concurrency")
     parser.add_argument("--prompts", type=int, default=256, help="distinct prompts from (a)'s observations for (b)")
     parser.add_argument("--quick", action="store_true", help="smoke setting: 1 actor, short windows (~2-3 min)")
@@ -449,8 +543,11 @@ def main(argv: list[str] | None = None) -> None:
     base = overrides(args, run_dir, max(concurrencies))
     cfg = load_config(base)
     acfg = cfg.env_actor
-    print(f"[bench] run dir {run_dir}; tasks {cfg.replay_buffer.tasks}, max_steps {acfg.max_steps}, "
-          f"envs per actor {epa}, concurrencies {concurrencies}", flush=True)
+    print(
+        f"[bench] run dir {run_dir}; tasks {cfg.replay_buffer.tasks}, max_steps {acfg.max_steps}, "
+        f"envs per actor {epa}, concurrencies {concurrencies}",
+        flush=True,
+    )
 
     # Per actor count: (a), (b), (c), (b) again, so the stages of one row see a similar machine
     # load. One engine for (b) in this process, one policy server + buffer for (c), both kept.
@@ -479,25 +576,47 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 for _ in range(c):
                     envs.append(ScienceWorld(acfg.simplification, step_limit=max(100, acfg.max_steps + 1)))
-                targets = [(task, v) for task in rb.tasks for v in envs[0].train_variations(task)[: rb.variations_per_task]]
-                env_rates.append(env_alone(cfg, envs, targets, args.stage_warmup_s, args.stage_window_s, args.seed + n,
-                                           decisions, pipeline_pids))
+                targets = [
+                    (task, v) for task in rb.tasks for v in envs[0].train_variations(task)[: rb.variations_per_task]
+                ]
+                env_rates.append(
+                    env_alone(
+                        cfg,
+                        envs,
+                        targets,
+                        args.stage_warmup_s,
+                        args.stage_window_s,
+                        args.seed + n,
+                        decisions,
+                        pipeline_pids,
+                    )
+                )
             finally:
                 for env in envs:
                     env.close()
             print(f"[bench] (a) env alone, {c} envs: {env_rates[-1].steps_per_s:.2f} steps/s", flush=True)
             # (b) the policy engine alone on actor prompts from (a)'s observations, before and after (c)
             prompts = build_prompts(builder, decisions, args.prompts, args.seed + n)
-            def llm(tag: str) -> Rate:
-                rate = loop.run_until_complete(llm_alone(engine, prompts, cfg, c, args.stage_warmup_s, args.stage_window_s,
-                                                         f"{tag}{n}", pipeline_pids))
+
+            def llm(tag: str, prompts=prompts, c=c, n=n) -> Rate:
+                rate = loop.run_until_complete(
+                    llm_alone(
+                        engine, prompts, cfg, c, args.stage_warmup_s, args.stage_window_s, f"{tag}{n}", pipeline_pids
+                    )
+                )
                 print(f"[bench] (b) LLM alone, {c} in flight: {rate.steps_per_s:.2f} generations/s", flush=True)
                 return rate
+
             before = llm("before")
             # (c) N env actor processes against the policy server and buffer
-            pipeline_rates.append(pipeline_run(base, n, epa, server, args.warmup_s, args.window_s, args.start_timeout_s))
-            print(f"[bench] (c) pipeline, {n} actors: {pipeline_rates[-1].steps_per_s:.2f} steps/s "
-                  f"(actor counters {pipeline_rates[-1].extra['actor_env_steps_per_s']:.2f})", flush=True)
+            pipeline_rates.append(
+                pipeline_run(base, n, epa, server, args.warmup_s, args.window_s, args.start_timeout_s)
+            )
+            print(
+                f"[bench] (c) pipeline, {n} actors: {pipeline_rates[-1].steps_per_s:.2f} steps/s "
+                f"(actor counters {pipeline_rates[-1].extra['actor_env_steps_per_s']:.2f})",
+                flush=True,
+            )
             llm_rates.append(merge(before, llm("after")))
     finally:
         server.stop()
@@ -509,22 +628,42 @@ def main(argv: list[str] | None = None) -> None:
     wall_s = time.perf_counter() - wall0
     print_table(rows)
     print_details(args.actors, env_rates, llm_rates, pipeline_rates)
-    print(f"wall time {wall_s:.0f} s; load average at start {load_at_start[0]:.2f}; prompts for (b) "
-          f"{len(prompts)} (mean {np.mean([len(p) for p in prompts]):.0f} tokens)")
+    print(
+        f"wall time {wall_s:.0f} s; load average at start {load_at_start[0]:.2f}; prompts for (b) "
+        f"{len(prompts)} (mean {np.mean([len(p) for p in prompts]):.0f} tokens)"
+    )
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([".venv/bin/python", "-m", "benchmarks.env_throughput", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "load_average_at_start": load_at_start},
-        "config": {"overrides": base, "tasks": cfg.replay_buffer.tasks, "variations_per_task": cfg.replay_buffer.variations_per_task,
-                   "simplification": acfg.simplification, "max_steps": acfg.max_steps, "history_window": acfg.history_window,
-                   "max_action_tokens": acfg.max_action_tokens, "temperature": acfg.temperature, "envs_per_actor": epa,
-                   "model": cfg.model.name, "policy_server": asdict(cfg.policy_server)},
+        "command": " ".join(
+            [".venv/bin/python", "-m", "benchmarks.env_throughput", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_average_at_start": load_at_start,
+        },
+        "config": {
+            "overrides": base,
+            "tasks": cfg.replay_buffer.tasks,
+            "variations_per_task": cfg.replay_buffer.variations_per_task,
+            "simplification": acfg.simplification,
+            "max_steps": acfg.max_steps,
+            "history_window": acfg.history_window,
+            "max_action_tokens": acfg.max_action_tokens,
+            "temperature": acfg.temperature,
+            "envs_per_actor": epa,
+            "model": cfg.model.name,
+            "policy_server": asdict(cfg.policy_server),
+        },
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "prompts": {"count": len(prompts), "mean_tokens": float(np.mean([len(p) for p in prompts]))},
         "engine_start_s": engine_start_s,
-        "env_alone": [asdict(r) for r in env_rates], "llm_alone": [asdict(r) for r in llm_rates],
-        "pipeline": [asdict(r) for r in pipeline_rates], "table": rows, "wall_s": wall_s,
+        "env_alone": [asdict(r) for r in env_rates],
+        "llm_alone": [asdict(r) for r in llm_rates],
+        "pipeline": [asdict(r) for r in pipeline_rates],
+        "table": rows,
+        "wall_s": wall_s,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

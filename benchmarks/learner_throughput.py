@@ -37,7 +37,18 @@ def make_batch(n: int, prompt_tokens: int, response_tokens: int, vocab: int, see
     for i in range(n):
         prompt = rng.integers(0, vocab, prompt_tokens + rng.integers(-50, 50)).astype(np.int32)
         response = rng.integers(0, vocab, response_tokens).astype(np.int32)
-        batch.append(TurnSample(prompt, prompt, response, np.full(response_tokens, -2.0, np.float32), float(i % 2) - 0.5, ON_POLICY, 0, False))
+        batch.append(
+            TurnSample(
+                prompt,
+                prompt,
+                response,
+                np.full(response_tokens, -2.0, np.float32),
+                float(i % 2) - 0.5,
+                ON_POLICY,
+                0,
+                False,
+            )
+        )
     return batch
 
 
@@ -84,13 +95,18 @@ def main() -> None:
     unsharded_s = timed(lambda: train_step(model, optimizer, batch, cfg, version=0), args.repeats)
     plain_s = timed(lambda: plain_step(model, optimizer, batch), args.repeats)
     result = {
-        "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load_average_at_end": os.getloadavg()[0],
-        "samples": args.samples, "tokens_per_step": tokens, "threads": torch.get_num_threads(),
+        "samples": args.samples,
+        "tokens_per_step": tokens,
+        "threads": torch.get_num_threads(),
         "micro_batch_tokens": args.micro_batch_tokens,
-        "learner_tokens_per_s": tokens / learner_s, "learner_unsharded_tokens_per_s": tokens / unsharded_s,
+        "learner_tokens_per_s": tokens / learner_s,
+        "learner_unsharded_tokens_per_s": tokens / unsharded_s,
         "plain_tokens_per_s": tokens / plain_s,
-        "ratio_learner_to_plain": plain_s / learner_s, "ratio_unsharded_to_plain": plain_s / unsharded_s,
+        "ratio_learner_to_plain": plain_s / learner_s,
+        "ratio_unsharded_to_plain": plain_s / unsharded_s,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
@@ -98,7 +114,9 @@ def main() -> None:
     print(f"{'EMPO2 train_step (FSDP)':24}{result['learner_tokens_per_s']:12.1f}")
     print(f"{'  same, unsharded':24}{result['learner_unsharded_tokens_per_s']:12.1f}")
     print(f"{'plain fwd+bwd+step':24}{result['plain_tokens_per_s']:12.1f}")
-    print(f"ratio learner / plain: {result['ratio_learner_to_plain']:.2f}  ({tokens} tokens per step, {torch.get_num_threads()} threads)")
+    print(
+        f"ratio learner / plain: {result['ratio_learner_to_plain']:.2f}  ({tokens} tokens per step, {torch.get_num_threads()} threads)"
+    )
 
 
 if __name__ == "__main__":

@@ -50,17 +50,17 @@ import signal  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
-from typing import Callable, Iterator  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from common.config import PipelineConfig, load_config  # noqa: E402
 from memory_service.embedder import Embedder  # noqa: E402
 from memory_service.service import reflection_messages, tip_text  # noqa: E402
 from memory_service.store import Entry, MemoryStore, memory_key  # noqa: E402
+from pipeline.config import PipelineConfig, load_config  # noqa: E402
 
 DIM = 384  # all-MiniLM-L6-v2
 REPEATS = 10  # episodes that stored the same state (one entry each, different tips)
@@ -73,16 +73,57 @@ THREAD_ENV = ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_THREAD_TIMEOU
 POLICY_ENDPOINT = "tcp://127.0.0.1:22550"  # ports below Linux's ephemeral range (32768-60999)
 POLICY_METRICS_PORT = 22600
 
-ROOMS = ["kitchen", "bathroom", "workshop", "art studio", "greenhouse", "foundry", "living room", "bedroom", "hallway", "outside"]
-THINGS = [
-    "a chair", "a counter", "a cupboard", "a freezer", "a fridge", "a glass jar", "a lighter", "an oven",
-    "a painting", "a sink", "a stove", "a table", "a thermometer, currently reading a temperature of 10 degrees celsius",
-    "a metal pot", "a wood cup", "a flower pot 2 (containing a peach tree in the adult stage, soil)", "a bee hive",
-    "a battery", "a blue wire", "a red light bulb, which is off", "a switch, which is off", "a substance called water",
-    "a bowl (containing a red apple, a banana, an orange, a potato)", "a drawer", "a book shelf", "an axe",
+ROOMS = [
+    "kitchen",
+    "bathroom",
+    "workshop",
+    "art studio",
+    "greenhouse",
+    "foundry",
+    "living room",
+    "bedroom",
+    "hallway",
+    "outside",
 ]
-ACTIONS = ["look around", "open door to kitchen", "go to kitchen", "pick up thermometer", "focus on substance in metal pot",
-           "move metal pot to stove", "activate stove", "use thermometer in inventory on substance in metal pot", "wait1"]
+THINGS = [
+    "a chair",
+    "a counter",
+    "a cupboard",
+    "a freezer",
+    "a fridge",
+    "a glass jar",
+    "a lighter",
+    "an oven",
+    "a painting",
+    "a sink",
+    "a stove",
+    "a table",
+    "a thermometer, currently reading a temperature of 10 degrees celsius",
+    "a metal pot",
+    "a wood cup",
+    "a flower pot 2 (containing a peach tree in the adult stage, soil)",
+    "a bee hive",
+    "a battery",
+    "a blue wire",
+    "a red light bulb, which is off",
+    "a switch, which is off",
+    "a substance called water",
+    "a bowl (containing a red apple, a banana, an orange, a potato)",
+    "a drawer",
+    "a book shelf",
+    "an axe",
+]
+ACTIONS = [
+    "look around",
+    "open door to kitchen",
+    "go to kitchen",
+    "pick up thermometer",
+    "focus on substance in metal pot",
+    "move metal pot to stove",
+    "activate stove",
+    "use thermometer in inventory on substance in metal pot",
+    "wait1",
+]
 
 
 # ---------------------------------------------------------------------------- synthetic data
@@ -168,7 +209,9 @@ class SizeResult:
     retrieve_per_s_over_embed1_per_s: float
 
 
-def store_contents(rng: np.random.Generator, size: int, pool: list[str], pool_vectors: np.ndarray) -> tuple[list[Entry], np.ndarray, np.ndarray]:
+def store_contents(
+    rng: np.random.Generator, size: int, pool: list[str], pool_vectors: np.ndarray
+) -> tuple[list[Entry], np.ndarray, np.ndarray]:
     """Entries and vectors for one store, and the random state vectors (for hitting queries)."""
     n_pool = min(len(pool), size // REPEATS // 2)  # at least half the states are random ones
     states = random_units(rng, size // REPEATS - n_pool)
@@ -184,7 +227,9 @@ def store_contents(rng: np.random.Generator, size: int, pool: list[str], pool_ve
     return entries, vectors, states
 
 
-def filled_store(db_path: Path, size: int, entries: list[Entry], vectors: np.ndarray) -> tuple[MemoryStore, float, float]:
+def filled_store(
+    db_path: Path, size: int, entries: list[Entry], vectors: np.ndarray
+) -> tuple[MemoryStore, float, float]:
     """Fill a new SQLite file through MemoryStore.add, close it and reopen it (the restart path):
     the reopened store, the fill time and the reopen time."""
     store = MemoryStore(db_path, capacity=size)
@@ -214,8 +259,9 @@ def time_retrieval(store: MemoryStore, queries: list[np.ndarray], cfg: PipelineC
     return latency, float(np.mean([len(h) for h in hits]))
 
 
-def bench_dense(size: int, queries: int, rng: np.random.Generator, entries: list[Entry], cfg: PipelineConfig,
-                tmp: Path) -> tuple[Latency, float]:
+def bench_dense(
+    size: int, queries: int, rng: np.random.Generator, entries: list[Entry], cfg: PipelineConfig, tmp: Path
+) -> tuple[Latency, float]:
     """Retrieval when nearly every entry passes the threshold, and the fraction that does."""
     direction = random_units(rng, 1)
     vectors = near(rng, np.repeat(direction, size, axis=0), DENSE_NOISE)
@@ -239,8 +285,18 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def bench_size(size: int, queries: int, e2e_queries: int, rng: np.random.Generator, embedder: Embedder,
-               cfg: PipelineConfig, pool: list[str], pool_vectors: np.ndarray, embed1_per_s: float, tmp: Path) -> SizeResult:
+def bench_size(
+    size: int,
+    queries: int,
+    e2e_queries: int,
+    rng: np.random.Generator,
+    embedder: Embedder,
+    cfg: PipelineConfig,
+    pool: list[str],
+    pool_vectors: np.ndarray,
+    embed1_per_s: float,
+    tmp: Path,
+) -> SizeResult:
     threshold, top_k = cfg.memory_service.similarity_threshold, cfg.memory_service.top_k
     entries, vectors, states = store_contents(rng, size, pool, pool_vectors)
     store, build_s, reopen_s = filled_store(tmp / f"memory_{size}.sqlite", size, entries, vectors)
@@ -255,8 +311,19 @@ def bench_size(size: int, queries: int, e2e_queries: int, rng: np.random.Generat
     finally:
         store.close()
     dense, above = bench_dense(size, queries, rng, entries, cfg, tmp)
-    return SizeResult(size, build_s, reopen_s, retrieve, hits, dense, above, end_to_end,
-                      float(np.mean([len(h) for h in e2e_hits])), end_to_end_1_thread, retrieve.per_s / embed1_per_s)
+    return SizeResult(
+        size,
+        build_s,
+        reopen_s,
+        retrieve,
+        hits,
+        dense,
+        above,
+        end_to_end,
+        float(np.mean([len(h) for h in e2e_hits])),
+        end_to_end_1_thread,
+        retrieve.per_s / embed1_per_s,
+    )
 
 
 # ---------------------------------------------------------------------------- reflections
@@ -273,11 +340,21 @@ class ReflectionResult:
 
 def start_policy_server(run_dir: Path) -> subprocess.Popen:
     """Same approach as tests/integration/conftest.py: own session, so the group can be killed."""
-    overrides = [f"endpoints.policy_servers=[{POLICY_ENDPOINT}]", f"metrics.base_port={POLICY_METRICS_PORT}", f"run_dir={run_dir}"]
+    overrides = [
+        f"endpoints.policy_servers=[{POLICY_ENDPOINT}]",
+        f"metrics.base_port={POLICY_METRICS_PORT}",
+        f"run_dir={run_dir}",
+    ]
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     with open(run_dir / "policy_server.log", "wb") as log:
-        return subprocess.Popen([sys.executable, "-m", "actors.policy_server", *overrides], cwd=REPO, stdout=log,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "actors.policy_server", *overrides],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
 
 
 def server_log_tail(run_dir: Path) -> str:
@@ -308,17 +385,23 @@ def reflection_prompts(cfg: PipelineConfig, rng: np.random.Generator, n: int) ->
     prompts = []
     for i in range(n):
         steps = int(rng.integers(4, 13))
-        report = EpisodeReport(episode_id=f"bench-{i}", task="boil", variation=0,
-                               task_description="Your task is to boil water. First, focus on the substance.",
-                               score=float(rng.integers(0, 101)),
-                               observations=[synthetic_observation(rng) for _ in range(steps)],
-                               actions=[str(a) for a in rng.choice(ACTIONS, steps)])
+        report = EpisodeReport(
+            episode_id=f"bench-{i}",
+            task="boil",
+            variation=0,
+            task_description="Your task is to boil water. First, focus on the substance.",
+            score=float(rng.integers(0, 101)),
+            observations=[synthetic_observation(rng) for _ in range(steps)],
+            actions=[str(a) for a in rng.choice(ACTIONS, steps)],
+        )
         text = tokenizer.apply_chat_template(reflection_messages(report), tokenize=False, add_generation_prompt=True)
         prompts.append(np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32))
     return prompts
 
 
-def bench_reflections(cfg: PipelineConfig, n: int, rng: np.random.Generator, embed64_per_s: float, tmp: Path) -> ReflectionResult:
+def bench_reflections(
+    cfg: PipelineConfig, n: int, rng: np.random.Generator, embed64_per_s: float, tmp: Path
+) -> ReflectionResult:
     import zmq
 
     from protocol import Client
@@ -330,6 +413,7 @@ def bench_reflections(cfg: PipelineConfig, n: int, rng: np.random.Generator, emb
     t0 = time.perf_counter()
     server = start_policy_server(tmp)
     client = Client(zmq.Context.instance(), POLICY_ENDPOINT, mcfg.reflection_timeout_s)
+
     def fail_if_exited(_remaining_s: float) -> None:
         if server.poll() is not None:
             raise RuntimeError(f"policy server exited ({server.returncode}):\n{server_log_tail(tmp)}")
@@ -337,57 +421,92 @@ def bench_reflections(cfg: PipelineConfig, n: int, rng: np.random.Generator, emb
     try:
         try:
             wait_until_ready(client, "benchmark", timeout_s=600, on_wait=fail_if_exited)
-        except TimeoutError:
-            raise RuntimeError(f"policy server not ready after 600 s:\n{server_log_tail(tmp)}")
+        except TimeoutError as exc:
+            raise RuntimeError(f"policy server not ready after 600 s:\n{server_log_tail(tmp)}") from exc
         start_s = time.perf_counter() - t0
-        requests = [GenerateRequest(request_id=f"reflect-{i}", prompt_token_ids=p, max_tokens=mcfg.reflection_max_tokens,
-                                    temperature=mcfg.reflection_temperature, seed=i) for i, p in enumerate(prompts)]
+        requests = [
+            GenerateRequest(
+                request_id=f"reflect-{i}",
+                prompt_token_ids=p,
+                max_tokens=mcfg.reflection_max_tokens,
+                temperature=mcfg.reflection_temperature,
+                seed=i,
+            )
+            for i, p in enumerate(prompts)
+        ]
         latency, responses = timed([lambda r=r: client.call(r) for r in requests])
     finally:
         client.close()
         stop_process_group(server)
     total_s = time.perf_counter() - t0
     mean_tokens = float(np.mean([len(r.token_ids) for r in responses]))
-    return ReflectionResult(n, start_s, total_s, latency, float(np.mean([len(p) for p in prompts])), mean_tokens,
-                            latency.per_s / embed64_per_s)
+    return ReflectionResult(
+        n,
+        start_s,
+        total_s,
+        latency,
+        float(np.mean([len(p) for p in prompts])),
+        mean_tokens,
+        latency.per_s / embed64_per_s,
+    )
 
 
 # ---------------------------------------------------------------------------- report
 def print_table(embedding: EmbeddingResult, sizes: list[SizeResult], reflections: ReflectionResult | None) -> None:
-    print(f"\nembedding (MiniLM, in-process): batch 1 {embedding.batch1.per_s:.1f} texts/s "
-          f"(p50 {embedding.batch1.p50_ms:.1f} ms, p99 {embedding.batch1.p99_ms:.1f} ms); "
-          f"batch 64 {embedding.batch64_texts_per_s:.1f} texts/s (p50 {embedding.batch64_p50_ms:.0f} ms per batch)")
+    print(
+        f"\nembedding (MiniLM, in-process): batch 1 {embedding.batch1.per_s:.1f} texts/s "
+        f"(p50 {embedding.batch1.p50_ms:.1f} ms, p99 {embedding.batch1.p99_ms:.1f} ms); "
+        f"batch 64 {embedding.batch64_texts_per_s:.1f} texts/s (p50 {embedding.batch64_p50_ms:.0f} ms per batch)"
+    )
     print(f"\nretrieval (MemoryStore.retrieve, one key){'':<10}| dense: nearly every entry above the threshold")
-    print(f"{'entries':>8} {'build s':>8} {'reopen s':>9} {'p50 ms':>8} {'p99 ms':>8} {'q/s':>7} {'hits':>5} "
-          f"{'q/s / emb1/s':>13} | {'p50 ms':>8} {'p99 ms':>8} {'above':>6}")
+    print(
+        f"{'entries':>8} {'build s':>8} {'reopen s':>9} {'p50 ms':>8} {'p99 ms':>8} {'q/s':>7} {'hits':>5} "
+        f"{'q/s / emb1/s':>13} | {'p50 ms':>8} {'p99 ms':>8} {'above':>6}"
+    )
     for r in sizes:
-        print(f"{r.size:>8} {r.build_s:>8.2f} {r.reopen_s:>9.2f} {r.retrieve.p50_ms:>8.3f} {r.retrieve.p99_ms:>8.3f} "
-              f"{r.retrieve.per_s:>7.0f} {r.retrieve_mean_hits:>5.1f} {r.retrieve_per_s_over_embed1_per_s:>13.1f} | "
-              f"{r.dense_retrieve.p50_ms:>8.3f} {r.dense_retrieve.p99_ms:>8.3f} {r.dense_fraction_above_threshold:>6.2f}")
-    print("hits: entries returned per query (at most top_k); q/s / emb1/s: retrieval queries/s over batch-1 embeddings/s;"
-          " above: fraction of entries past the threshold")
+        print(
+            f"{r.size:>8} {r.build_s:>8.2f} {r.reopen_s:>9.2f} {r.retrieve.p50_ms:>8.3f} {r.retrieve.p99_ms:>8.3f} "
+            f"{r.retrieve.per_s:>7.0f} {r.retrieve_mean_hits:>5.1f} {r.retrieve_per_s_over_embed1_per_s:>13.1f} | "
+            f"{r.dense_retrieve.p50_ms:>8.3f} {r.dense_retrieve.p99_ms:>8.3f} {r.dense_fraction_above_threshold:>6.2f}"
+        )
+    print(
+        "hits: entries returned per query (at most top_k); q/s / emb1/s: retrieval queries/s over batch-1 embeddings/s;"
+        " above: fraction of entries past the threshold"
+    )
     print(f"\nend to end (Embedder.embed([state]) + retrieve){'':<4}| same with torch.set_num_threads(1)")
     print(f"{'entries':>8} {'p50 ms':>8} {'p99 ms':>8} {'q/s':>6} {'hits':>5} | {'p50 ms':>8} {'p99 ms':>8} {'q/s':>6}")
     for r in sizes:
         e, one = r.end_to_end, r.end_to_end_torch_1_thread
-        print(f"{r.size:>8} {e.p50_ms:>8.1f} {e.p99_ms:>8.1f} {e.per_s:>6.1f} {r.end_to_end_mean_hits:>5.1f} | "
-              f"{one.p50_ms:>8.1f} {one.p99_ms:>8.1f} {one.per_s:>6.1f}")
+        print(
+            f"{r.size:>8} {e.p50_ms:>8.1f} {e.p99_ms:>8.1f} {e.per_s:>6.1f} {r.end_to_end_mean_hits:>5.1f} | "
+            f"{one.p50_ms:>8.1f} {one.p99_ms:>8.1f} {one.per_s:>6.1f}"
+        )
     if reflections is None:
         print("\nreflections: not measured (--reflections 0)")
     else:
-        print(f"\nreflections: {reflections.latency.per_s:.3f}/s over {reflections.count} (p50 {reflections.latency.p50_ms:.0f} ms, "
-              f"p99 {reflections.latency.p99_ms:.0f} ms, prompts {reflections.mean_prompt_tokens:.0f} tokens, "
-              f"{reflections.mean_tokens:.0f} generated; server start {reflections.server_start_s:.0f} s, "
-              f"whole part {reflections.total_s:.0f} s); ratio to batch-64 embedding texts/s "
-              f"{reflections.reflections_per_s_over_embed64_texts_per_s:.5f}")
+        print(
+            f"\nreflections: {reflections.latency.per_s:.3f}/s over {reflections.count} (p50 {reflections.latency.p50_ms:.0f} ms, "
+            f"p99 {reflections.latency.p99_ms:.0f} ms, prompts {reflections.mean_prompt_tokens:.0f} tokens, "
+            f"{reflections.mean_tokens:.0f} generated; server start {reflections.server_start_s:.0f} s, "
+            f"whole part {reflections.total_s:.0f} s); ratio to batch-64 embedding texts/s "
+            f"{reflections.reflections_per_s_over_embed64_texts_per_s:.5f}"
+        )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000], help="entries in the one memory key (>= 100)")
-    parser.add_argument("--queries", type=int, default=200, help="timed retrievals per size (and single-text embeddings)")
-    parser.add_argument("--e2e-queries", type=int, default=50, help="timed embed + retrieve queries per size and thread setting")
-    parser.add_argument("--reflections", type=int, default=0, help="reflection requests to a policy server it starts (0: skip)")
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", default=[1000, 10000, 100000], help="entries in the one memory key (>= 100)"
+    )
+    parser.add_argument(
+        "--queries", type=int, default=200, help="timed retrievals per size (and single-text embeddings)"
+    )
+    parser.add_argument(
+        "--e2e-queries", type=int, default=50, help="timed embed + retrieve queries per size and thread setting"
+    )
+    parser.add_argument(
+        "--reflections", type=int, default=0, help="reflection requests to a policy server it starts (0: skip)"
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results" / "memory_retrieval.json")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -407,23 +526,55 @@ def main(argv: list[str] | None = None) -> None:
     embedding = bench_embedding(embedder, rng, pool, args.queries)
     pool_vectors = embedder.embed(pool)
     with tempfile.TemporaryDirectory(prefix="empo2-bench-") as tmp:
-        sizes = [bench_size(size, args.queries, args.e2e_queries, rng, embedder, cfg, pool, pool_vectors,
-                            embedding.batch1.per_s, Path(tmp)) for size in args.sizes]
-        reflections = (bench_reflections(cfg, args.reflections, rng, embedding.batch64_texts_per_s, Path(tmp))
-                       if args.reflections > 0 else None)
+        sizes = [
+            bench_size(
+                size,
+                args.queries,
+                args.e2e_queries,
+                rng,
+                embedder,
+                cfg,
+                pool,
+                pool_vectors,
+                embedding.batch1.per_s,
+                Path(tmp),
+            )
+            for size in args.sizes
+        ]
+        reflections = (
+            bench_reflections(cfg, args.reflections, rng, embedding.batch64_texts_per_s, Path(tmp))
+            if args.reflections > 0
+            else None
+        )
     wall_s = time.perf_counter() - wall0
     print_table(embedding, sizes, reflections)
     print(f"wall time {wall_s:.0f} s; load average at start {load_at_start[0]:.2f}")
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([".venv/bin/python", "benchmarks/memory_retrieval.py", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "load_average_at_start": load_at_start},
-        "settings": {"dim": DIM, "repeats": REPEATS, "pool": POOL, "query_noise": QUERY_NOISE, "add_batch": ADD_BATCH,
-                     "threshold": cfg.memory_service.similarity_threshold, "top_k": cfg.memory_service.top_k,
-                     "dense_noise": DENSE_NOISE, "queries": args.queries, "e2e_queries": args.e2e_queries,
-                     "torch_threads": torch.get_num_threads(), "thread_env": {k: os.environ.get(k) for k in THREAD_ENV},
-                     "seed": args.seed},
+        "command": " ".join(
+            [".venv/bin/python", "benchmarks/memory_retrieval.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_average_at_start": load_at_start,
+        },
+        "settings": {
+            "dim": DIM,
+            "repeats": REPEATS,
+            "pool": POOL,
+            "query_noise": QUERY_NOISE,
+            "add_batch": ADD_BATCH,
+            "threshold": cfg.memory_service.similarity_threshold,
+            "top_k": cfg.memory_service.top_k,
+            "dense_noise": DENSE_NOISE,
+            "queries": args.queries,
+            "e2e_queries": args.e2e_queries,
+            "torch_threads": torch.get_num_threads(),
+            "thread_env": {k: os.environ.get(k) for k in THREAD_ENV},
+            "seed": args.seed,
+        },
         "embedding": asdict(embedding),
         "sizes": [asdict(s) for s in sizes],
         "reflections": asdict(reflections) if reflections is not None else None,

@@ -34,12 +34,12 @@ import numpy as np
 import torch
 import zmq
 
-from common.config import load_config
 from common.model_prep import resolve_model
 from deploy.launch import Launcher, role_commands
 from learner.checkpoint import save_checkpoint
 from learner.policy_model import load_policy
 from learner.weight_push import PushTiming, WeightPusher, weight_tensors
+from pipeline.config import load_config
 from protocol import Client
 from protocol.transport import wait_until_ready
 
@@ -78,13 +78,22 @@ def main() -> None:
         launcher.start()
         client = Client(zmq.Context.instance(), cfg.endpoints.policy_servers[0], timeout_s=300)
         wait_until_ready(client, "bench", timeout_s=900)
-        pushers.update({m: WeightPusher(load_config([*OVERRIDES, f"learner.weight_sync={m}"]).learner, [client]) for m in METHODS})
+        pushers.update(
+            {m: WeightPusher(load_config([*OVERRIDES, f"learner.weight_sync={m}"]).learner, [client]) for m in METHODS}
+        )
         optimizer = torch.optim.AdamW(model.parameters())  # the checkpoint carries it, as the learner's does
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
 
         def push_checkpoint(version: int) -> PushTiming:
             t0 = time.perf_counter()
-            path = save_checkpoint(Path(RUN_DIR) / "checkpoints", version, model, tokenizer, {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, 1)
+            path = save_checkpoint(
+                Path(RUN_DIR) / "checkpoints",
+                version,
+                model,
+                tokenizer,
+                {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
+                1,
+            )
             timing = pushers["checkpoint"].push_checkpoint(path, version)
             return PushTiming(time.perf_counter() - t0, timing.engine_seconds)
 
@@ -104,23 +113,40 @@ def main() -> None:
             pusher.close()
         launcher.stop()
     base = {kind: float(np.median([m[kind] for m in memcpy])) for kind in ("clone", "copy_")}
-    result = {"bytes": nbytes, "repeats": args.repeats, "warmup": args.warmup, "memcpy_seconds": base,
-              "gb_per_s": {f"memcpy_{k}": nbytes / v / 1e9 for k, v in base.items()}, "methods": {}}
-    print(f"{'method':13}{'seconds':>9}{'GB/s':>7}{'vs clone':>10}{'vs copy_':>10}{'engine s':>10}{'transport s':>13}"
-          f"{'transport vs clone':>20}{'vs copy_':>10}   ({nbytes / 1e6:.0f} MB, median of {args.repeats})")
+    result = {
+        "bytes": nbytes,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "memcpy_seconds": base,
+        "gb_per_s": {f"memcpy_{k}": nbytes / v / 1e9 for k, v in base.items()},
+        "methods": {},
+    }
+    print(
+        f"{'method':13}{'seconds':>9}{'GB/s':>7}{'vs clone':>10}{'vs copy_':>10}{'engine s':>10}{'transport s':>13}"
+        f"{'transport vs clone':>20}{'vs copy_':>10}   ({nbytes / 1e6:.0f} MB, median of {args.repeats})"
+    )
     for kind, seconds in base.items():
-        print(f"{'memcpy ' + kind:13}{seconds:9.3f}{nbytes / seconds / 1e9:7.2f}{base['clone'] / seconds:10.3f}{base['copy_'] / seconds:10.3f}")
+        print(
+            f"{'memcpy ' + kind:13}{seconds:9.3f}{nbytes / seconds / 1e9:7.2f}{base['clone'] / seconds:10.3f}{base['copy_'] / seconds:10.3f}"
+        )
     for method, runs in timings.items():
         total = float(np.median([t.seconds for t in runs]))
         engine = float(np.median([t.engine_seconds for t in runs]))
         transport = float(np.median([t.transport_seconds for t in runs]))
         result["methods"][method] = {
-            "seconds": total, "engine_seconds": engine, "transport_seconds": transport, "gb_per_s": nbytes / total / 1e9,
-            "ratio_to_memcpy_clone": base["clone"] / total, "ratio_to_memcpy_copy": base["copy_"] / total,
-            "transport_ratio_to_memcpy_clone": base["clone"] / transport, "transport_ratio_to_memcpy_copy": base["copy_"] / transport,
+            "seconds": total,
+            "engine_seconds": engine,
+            "transport_seconds": transport,
+            "gb_per_s": nbytes / total / 1e9,
+            "ratio_to_memcpy_clone": base["clone"] / total,
+            "ratio_to_memcpy_copy": base["copy_"] / total,
+            "transport_ratio_to_memcpy_clone": base["clone"] / transport,
+            "transport_ratio_to_memcpy_copy": base["copy_"] / transport,
         }
-        print(f"{method:13}{total:9.3f}{nbytes / total / 1e9:7.2f}{base['clone'] / total:10.3f}{base['copy_'] / total:10.3f}{engine:10.3f}"
-              f"{transport:13.3f}{base['clone'] / transport:20.3f}{base['copy_'] / transport:10.3f}")
+        print(
+            f"{method:13}{total:9.3f}{nbytes / total / 1e9:7.2f}{base['clone'] / total:10.3f}{base['copy_'] / total:10.3f}{engine:10.3f}"
+            f"{transport:13.3f}{base['clone'] / transport:20.3f}{base['copy_'] / transport:10.3f}"
+        )
     result["command"] = "python -m benchmarks.weight_sync " + " ".join(f"--{k} {v}" for k, v in vars(args).items())
     result["date"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

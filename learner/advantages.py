@@ -22,8 +22,8 @@ with std normalisation or mean-only ("mean"); a state seen once has A^{step} = 0
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -42,8 +42,10 @@ class CountBonus:
     coef: float
 
     def __call__(self, trajectories: list[Trajectory]) -> list[np.ndarray]:
-        return [self.coef / (t.num_memories.astype(np.float64) + 1.0) if t.mode in TIP_MODES else np.zeros(t.num_turns)
-                for t in trajectories]
+        return [
+            self.coef / (t.num_memories.astype(np.float64) + 1.0) if t.mode in TIP_MODES else np.zeros(t.num_turns)
+            for t in trajectories
+        ]
 
 
 def turn_rewards(traj: Trajectory, score_scale: float, intrinsic: np.ndarray) -> np.ndarray:
@@ -70,7 +72,9 @@ def discounted_returns(traj: Trajectory, score_scale: float, intrinsic: np.ndarr
     return returns
 
 
-def anchor_step_advantages(members: list[Trajectory], returns: list[np.ndarray], norm: str, eps: float) -> list[np.ndarray]:
+def anchor_step_advantages(
+    members: list[Trajectory], returns: list[np.ndarray], norm: str, eps: float
+) -> list[np.ndarray]:
     """GiGPO's step advantage: normalise returns within groups of identical states."""
     if norm not in ("std", "mean"):
         raise ValueError(f"learner.gigpo_step_norm must be std|mean, got {norm!r}")

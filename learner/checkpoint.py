@@ -5,7 +5,7 @@ that the next step is exactly the step an uninterrupted run would have taken.
     <run_dir>/checkpoints/step_000042/{model.safetensors, config.json, tokenizer*, trainer_state.pt}
 
 The replay buffer's position needs no saving here: the buffer's own log records which groups
-were served (learner/replay_buffer.py).
+were served (replay_buffer/service.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,15 @@ log = logging.getLogger(__name__)
 _STATE = "trainer_state.pt"
 
 
-def save_checkpoint(root: Path, version: int, model, tokenizer, states: dict[str, dict], keep_last: int,
-                    weights: dict[str, torch.Tensor] | None = None) -> Path:
+def save_checkpoint(
+    root: Path,
+    version: int,
+    model,
+    tokenizer,
+    states: dict[str, dict],
+    keep_last: int,
+    weights: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """states: name -> state dict (optimizer, scheduler, ...), loaded back into the objects of the
     same names by load_trainer_state. weights: the full HF-named state dict (gathered from the
     ranks, learner/distributed.py); None = the model's own."""
@@ -32,11 +39,14 @@ def save_checkpoint(root: Path, version: int, model, tokenizer, states: dict[str
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    torch.save({
-        "version": version,
-        "stateful": states,
-        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
-    }, tmp / _STATE)
+    torch.save(
+        {
+            "version": version,
+            "stateful": states,
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        },
+        tmp / _STATE,
+    )
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)  # a checkpoint directory is complete or absent
     for old in list_checkpoints(root)[:-keep_last] if keep_last > 0 else []:

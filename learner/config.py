@@ -1,21 +1,8 @@
-"""Configuration of the replay buffer and the learner, including the EMPO2 objective."""
+"""Configuration of the learner, including the EMPO2 objective."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-
-@dataclass
-class ReplayBufferConfig:
-    tasks: list[str] = field(default_factory=lambda: ["find-living-thing"])  # ScienceWorld tasks
-    variations_per_task: int = 5  # train on the first N train variations of each task
-    group_size: int = 8  # G: rollouts per (task, variation) group, sharing one mode
-    p_memory: float = 0.25  # p: probability that a group rolls out with tips
-    q_off_policy: float = 0.68  # q: P(off-policy update | tip rollout)
-    max_open_groups: int = 4  # groups handed out but not yet complete
-    max_ready_groups: int = 8  # backpressure: no new groups while this many wait for the learner
-    assignment_timeout_s: float = 1800.0  # a slot not returned by then is handed out again
-    log_file: str = "buffer.log"  # inside run_dir: append-only log of accepted trajectories
 
 
 @dataclass
@@ -24,7 +11,9 @@ class LearnerConfig:
     groups_per_step: int = 1  # complete GRPO groups per batch
     max_staleness: int = 4  # groups generated more than this many versions ago are dropped
     lr: float = 1e-6  # peak learning rate (AdamW)
-    lr_schedule: str = "constant"  # "constant" | "linear" | "cosine": decay from lr to 0 over total_steps, after warm-up
+    lr_schedule: str = (
+        "constant"  # "constant" | "linear" | "cosine": decay from lr to 0 over total_steps, after warm-up
+    )
     warmup_steps: int = 0  # steps of linear warm-up from lr / warmup_steps up to lr
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -35,11 +24,19 @@ class LearnerConfig:
     behaviour_weight_cap: float = 5.0  # decoupled: tokens with πprox/πbehaviour above this are dropped
     entropy_coef: float = 0.0  # β_H: entropy bonus (off in the paper)
     kl_coef: float = 0.0  # β_KL: k3 KL to the initial policy, kept frozen in memory (off in the paper)
-    device: str = "auto"  # "auto" (CUDA if visible) | "cpu" | "cuda" (fails at start without a GPU); one device per torchrun rank
-    micro_batch_tokens: int = 4096  # padded tokens per forward pass: samples sorted by length, batched up to this; 1 = one at a time
-    lora_rank: int = 0  # r of LoRA adapters (peft) on lora_targets; 0 = full fine-tuning. Only adapters train and are pushed
+    device: str = (
+        "auto"  # "auto" (CUDA if visible) | "cpu" | "cuda" (fails at start without a GPU); one device per torchrun rank
+    )
+    micro_batch_tokens: int = (
+        4096  # padded tokens per forward pass: samples sorted by length, batched up to this; 1 = one at a time
+    )
+    lora_rank: int = (
+        0  # r of LoRA adapters (peft) on lora_targets; 0 = full fine-tuning. Only adapters train and are pushed
+    )
     lora_alpha: float = 16.0  # LoRA scale = alpha / r
-    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])  # module names adapted
+    lora_targets: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )  # module names adapted
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, more time
     low_prob_threshold: float = -5.0  # drop a tip-rollout turn whose min tip-free log-prob is below
     intrinsic_kind: str = "count"  # "count": r_int = coef / (n + 1), n memories retrieved, tip modes only (paper)
@@ -59,7 +56,9 @@ class LearnerConfig:
     checkpoint_every: int = 0  # 0 = only at the end
     keep_checkpoints: int = 3  # retention: the newest N complete checkpoints are kept
     resume: bool = True  # start from the newest checkpoint in run_dir/checkpoints, if any
-    weight_sync: str = "zmq"  # how servers get new weights: "zmq" frames (any host) | "shm" a file in weight_dir (one host)
+    weight_sync: str = (
+        "zmq"  # how servers get new weights: "zmq" frames (any host) | "shm" a file in weight_dir (one host)
+    )
     #                           | "checkpoint" the HF checkpoint written at each push (shared filesystem) | "nccl" (GPU hosts)
     weight_dir: str = "/dev/shm"  # "shm" sync: where the weight file is written (shared memory)
     nccl_address: str = "127.0.0.1"  # "nccl" sync: the learner's rendezvous address, reachable by the servers

@@ -23,7 +23,11 @@ import os
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import fully_shard
 
@@ -39,8 +43,10 @@ def init(device: str = "cpu") -> torch.device:
     if device not in DEVICES:
         raise ValueError(f"learner.device must be one of {'|'.join(DEVICES)}, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("learner.device=cuda but torch sees no CUDA device (CPU-only torch build, or no GPU visible); "
-                           "use learner.device=cpu or auto")
+        raise RuntimeError(
+            "learner.device=cuda but torch sees no CUDA device (CPU-only torch build, or no GPU visible); "
+            "use learner.device=cpu or auto"
+        )
     cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -99,7 +105,11 @@ def broadcast_message(msg: Message | None) -> Message:
     blob = pack_frames(encode(msg)) if rank() == 0 else b""
     size = torch.tensor([len(blob)], dtype=torch.int64, device=device)
     dist.broadcast(size, src=0)
-    data = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device) if rank() == 0 else torch.empty(int(size), dtype=torch.uint8, device=device)
+    data = (
+        torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
+        if rank() == 0
+        else torch.empty(int(size), dtype=torch.uint8, device=device)
+    )
     dist.broadcast(data, src=0)
     if rank() == 0:
         return msg

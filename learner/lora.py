@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from protocol.messages import lora_merged
+from common.lora import lora_merged
 
 _ADAPTER = "default"  # peft's name for the one adapter
 _PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the HF model: HF names follow
@@ -19,7 +19,9 @@ def apply_lora(model, rank: int, alpha: float, targets: list[str]):
     """Wrap an HF causal LM: base weights frozen, A random, B zero (the policy starts unchanged)."""
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, bias="none"))
+    return get_peft_model(
+        model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, bias="none")
+    )
 
 
 def is_lora(model) -> bool:
@@ -48,7 +50,11 @@ def adapter_tensors(model, state_dict: dict[str, torch.Tensor] | None = None) ->
     tensors = []
     for name, module in _lora_layers(model):
         for x, weights in (("A", module.lora_A), ("B", module.lora_B)):
-            t = weights[_ADAPTER].weight if state_dict is None else state_dict[f"{_PREFIX}{name}.lora_{x}.{_ADAPTER}.weight"]
+            t = (
+                weights[_ADAPTER].weight
+                if state_dict is None
+                else state_dict[f"{_PREFIX}{name}.lora_{x}.{_ADAPTER}.weight"]
+            )
             tensors.append((f"{name}.lora_{x}.weight", t.detach()))
     return tensors
 

@@ -63,7 +63,9 @@ def clipped_policy_loss(
     behaviour_weight = torch.ones_like(ratio)
     if proximal_logp is not None:
         behaviour_weight = torch.exp(proximal_logp - behaviour_logp).detach()
-        behaviour_weight = torch.where(behaviour_weight <= behaviour_weight_cap, behaviour_weight, torch.zeros_like(behaviour_weight))
+        behaviour_weight = torch.where(
+            behaviour_weight <= behaviour_weight_cap, behaviour_weight, torch.zeros_like(behaviour_weight)
+        )
         pg_loss = pg_loss * behaviour_weight
     diagnostics = {
         "behaviour_weight": behaviour_weight,

@@ -35,5 +35,6 @@ def build_optimizer(params, cfg: LearnerConfig) -> tuple[torch.optim.Optimizer, 
         raise ValueError(f"learner.lr_schedule must be one of {'|'.join(SCHEDULES)}, got {cfg.lr_schedule!r}")
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, cfg.lr_schedule, cfg.warmup_steps, cfg.total_steps))
+        optimizer, lambda step: lr_factor(step, cfg.lr_schedule, cfg.warmup_steps, cfg.total_steps)
+    )
     return optimizer, scheduler

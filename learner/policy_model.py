@@ -30,7 +30,9 @@ class ResponseScorer(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """[B, L] ids and mask, [N] rows of the flattened [B*L] positions -> [N, V] log-softmax."""
-        hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, L, H]
+        hidden = self.lm.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask
+        ).last_hidden_state  # [B, L, H]
         logits = self.lm.get_output_embeddings()(hidden.flatten(0, 1)[rows]).float()  # [N, V]
         return torch.log_softmax(logits, dim=-1)
 

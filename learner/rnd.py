@@ -38,8 +38,11 @@ def observation_features(texts: list[str], dim: int) -> torch.Tensor:
 
 
 def _mlp(cfg: LearnerConfig) -> torch.nn.Sequential:
-    return torch.nn.Sequential(torch.nn.Linear(cfg.rnd_feature_dim, cfg.rnd_hidden), torch.nn.ReLU(),
-                               torch.nn.Linear(cfg.rnd_hidden, cfg.rnd_output_dim))
+    return torch.nn.Sequential(
+        torch.nn.Linear(cfg.rnd_feature_dim, cfg.rnd_hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(cfg.rnd_hidden, cfg.rnd_output_dim),
+    )
 
 
 class RNDBonus:
@@ -76,8 +79,12 @@ class RNDBonus:
         return np.split(bonus, np.cumsum([t.num_turns for t in trajectories])[:-1])
 
     def state_dict(self) -> dict:
-        return {"target": self.target.state_dict(), "predictor": self.predictor.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "moments": (self.count, float(self.mean), float(self.m2))}
+        return {
+            "target": self.target.state_dict(),
+            "predictor": self.predictor.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "moments": (self.count, float(self.mean), float(self.m2)),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.target.load_state_dict(state["target"])

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from learner.advantages import TIP_MODES, IntrinsicReward, anchor_step_advantages, discounted_returns, group_advantages, turn_rewards
+from learner.advantages import (
+    TIP_MODES,
+    IntrinsicReward,
+    anchor_step_advantages,
+    discounted_returns,
+    group_advantages,
+    turn_rewards,
+)
 from protocol.messages import OFF_POLICY, Trajectory
 
 
@@ -49,8 +56,9 @@ class GiGPO:
     norm: str = "std"
 
 
-def group_turn_advantages(members: list[Trajectory], score_scale: float, intrinsic: list[np.ndarray], eps: float,
-                          gigpo: GiGPO | None = None) -> list[np.ndarray]:
+def group_turn_advantages(
+    members: list[Trajectory], score_scale: float, intrinsic: list[np.ndarray], eps: float, gigpo: GiGPO | None = None
+) -> list[np.ndarray]:
     """[turns] advantage of each member, given each member's [turns] intrinsic reward."""
     rewards = [turn_rewards(t, score_scale, r_int) for t, r_int in zip(members, intrinsic)]
     advantages = group_advantages(rewards, eps)
@@ -61,8 +69,13 @@ def group_turn_advantages(members: list[Trajectory], score_scale: float, intrins
     return [a + gigpo.step_weight * s for a, s in zip(advantages, steps)]
 
 
-def build_samples(trajectories: list[Trajectory], score_scale: float, intrinsic: IntrinsicReward, eps: float,
-                  gigpo: GiGPO | None = None) -> list[TurnSample]:
+def build_samples(
+    trajectories: list[Trajectory],
+    score_scale: float,
+    intrinsic: IntrinsicReward,
+    eps: float,
+    gigpo: GiGPO | None = None,
+) -> list[TurnSample]:
     bonus = intrinsic(trajectories)  # [turns] r_int per episode, one call per batch (RND trains on it)
     groups: dict[str, list[int]] = defaultdict(list)
     for i, traj in enumerate(trajectories):
@@ -70,18 +83,22 @@ def build_samples(trajectories: list[Trajectory], score_scale: float, intrinsic:
     samples = []
     for indices in groups.values():
         members = [trajectories[i] for i in indices]
-        for traj, advantages in zip(members, group_turn_advantages(members, score_scale, [bonus[i] for i in indices], eps, gigpo)):
+        for traj, advantages in zip(
+            members, group_turn_advantages(members, score_scale, [bonus[i] for i in indices], eps, gigpo)
+        ):
             for i in range(traj.num_turns):
                 prompt, spans = traj.turn_prompt(i), traj.turn_tip_spans(i)
                 tipfree = remove_spans(prompt, spans)
-                samples.append(TurnSample(
-                    update_prompt=tipfree if traj.mode == OFF_POLICY else prompt,
-                    tipfree_prompt=tipfree,
-                    response=traj.turn_response(i),
-                    behaviour_logp=traj.turn_behaviour_logprobs(i),
-                    advantage=float(advantages[i]),
-                    mode=traj.mode,
-                    policy_version=int(traj.policy_versions[i]),
-                    with_tips=bool(spans) and traj.mode in TIP_MODES,
-                ))
+                samples.append(
+                    TurnSample(
+                        update_prompt=tipfree if traj.mode == OFF_POLICY else prompt,
+                        tipfree_prompt=tipfree,
+                        response=traj.turn_response(i),
+                        behaviour_logp=traj.turn_behaviour_logprobs(i),
+                        advantage=float(advantages[i]),
+                        mode=traj.mode,
+                        policy_version=int(traj.policy_versions[i]),
+                        with_tips=bool(spans) and traj.mode in TIP_MODES,
+                    )
+                )
     return samples

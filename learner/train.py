@@ -20,8 +20,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +30,6 @@ import numpy as np
 import torch
 import zmq
 
-from common.config import PipelineConfig
 from common.metrics import LearnerMetrics
 from common.model_prep import resolve_model
 from common.process import run_role
@@ -45,6 +44,7 @@ from learner.policy_model import ResponseScorer, batch_log_softmax, load_policy,
 from learner.rnd import RNDBonus
 from learner.samples import GiGPO, TurnSample, build_samples
 from learner.weight_push import PushTiming, WeightPusher, weight_tensors
+from pipeline.config import PipelineConfig
 from protocol import Client
 from protocol.messages import ON_POLICY, ON_POLICY_TIPS, Batch, BatchRequest, Trajectory, Wait
 from protocol.transport import wait_until_ready
@@ -89,7 +89,16 @@ def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
 
 # what a rank with no micro-batch left scores so that every rank runs the same forwards (FSDP);
 # never in the loss
-_PAD = TurnSample(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.float32), 0.0, ON_POLICY, -1, False)
+_PAD = TurnSample(
+    np.zeros(1, np.int32),
+    np.zeros(1, np.int32),
+    np.zeros(1, np.int32),
+    np.zeros(1, np.float32),
+    0.0,
+    ON_POLICY,
+    -1,
+    False,
+)
 
 
 def score_without_grad(model, pairs: list[tuple[np.ndarray, np.ndarray]], budget: int) -> list[torch.Tensor]:
@@ -110,11 +119,21 @@ def _ids(tokens: np.ndarray, device) -> torch.Tensor:
     return torch.from_numpy(tokens.astype(np.int64)).to(device)
 
 
-_DIAGS = ("ratio", "clipped", "dual_clipped", "approx_kl", "behaviour_weight", "behaviour_weight_capped", "entropy", "kl")
+_DIAGS = (
+    "ratio",
+    "clipped",
+    "dual_clipped",
+    "approx_kl",
+    "behaviour_weight",
+    "behaviour_weight_capped",
+    "entropy",
+    "kl",
+)
 
 
-def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, version: int, ref_model=None,
-               scheduler=None) -> StepStats:
+def train_step(
+    model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, version: int, ref_model=None, scheduler=None
+) -> StepStats:
     """One optimizer step over all samples: the token mean of the EMPO2 loss.
 
     Each rank takes every world_size-th sample by length (learner/distributed.py; all of them in
@@ -133,13 +152,21 @@ def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, 
     optimizer.zero_grad(set_to_none=True)
     # samples scored with tips: the mask needs their tip-free log-probs (the others' come with the update pass)
     tip_scored = [i for i, s in enumerate(mine) if s.with_tips and s.mode == ON_POLICY_TIPS]
-    tipfree = score_without_grad(model, [(mine[i].tipfree_prompt, mine[i].response) for i in tip_scored], cfg.micro_batch_tokens)
+    tipfree = score_without_grad(
+        model, [(mine[i].tipfree_prompt, mine[i].response) for i in tip_scored], cfg.micro_batch_tokens
+    )
     tipfree_min = {i: float(lp.min()) for i, lp in zip(tip_scored, tipfree)}
-    ref_logp = score_without_grad(ref_model, [(s.update_prompt, s.response) for s in mine], cfg.micro_batch_tokens) if ref_model else None
+    ref_logp = (
+        score_without_grad(ref_model, [(s.update_prompt, s.response) for s in mine], cfg.micro_batch_tokens)
+        if ref_model
+        else None
+    )
     loss_sum, kept_tokens, masked, ratio_max = 0.0, 0, 0, 0.0
     diag_sums = dict.fromkeys(_DIAGS, 0.0)
     mismatch_sum, mismatch_tokens, mismatch_max = 0.0, 0, 0.0
-    for mb in distributed.synced(micro_batches([len(s.update_prompt) + len(s.response) for s in mine], cfg.micro_batch_tokens)):
+    for mb in distributed.synced(
+        micro_batches([len(s.update_prompt) + len(s.response) for s in mine], cfg.micro_batch_tokens)
+    ):
         batch = [mine[i] for i in mb] or [_PAD]
         responses = [_ids(s.response, device) for s in batch]
         lengths = torch.tensor([r.numel() for r in responses], device=device)
@@ -150,11 +177,23 @@ def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, 
         for i, s, lp, b in zip(mb, batch, logp.detach().split(lengths.tolist()), behaviour.split(lengths.tolist())):
             if s.policy_version == version and s.update_is_behaviour_prompt:
                 gap = (lp - b).abs()
-                mismatch_sum, mismatch_tokens, mismatch_max = mismatch_sum + float(gap.sum()), mismatch_tokens + gap.numel(), max(mismatch_max, float(gap.max()))
-            kept.append(low_probability_mask(tipfree_min[i] if i in tipfree_min else float(lp.min()), s.with_tips, cfg.low_prob_threshold))
+                mismatch_sum, mismatch_tokens, mismatch_max = (
+                    mismatch_sum + float(gap.sum()),
+                    mismatch_tokens + gap.numel(),
+                    max(mismatch_max, float(gap.max())),
+                )
+            kept.append(
+                low_probability_mask(
+                    tipfree_min[i] if i in tipfree_min else float(lp.min()), s.with_tips, cfg.low_prob_threshold
+                )
+            )
         masked += kept.count(False)
-        keep = torch.repeat_interleave(torch.tensor(kept or [False], device=device), lengths)  # [ΣT] tokens of kept samples
-        advantages = torch.repeat_interleave(torch.tensor([s.advantage for s in batch], dtype=torch.float32, device=device), lengths)
+        keep = torch.repeat_interleave(
+            torch.tensor(kept or [False], device=device), lengths
+        )  # [ΣT] tokens of kept samples
+        advantages = torch.repeat_interleave(
+            torch.tensor([s.advantage for s in batch], dtype=torch.float32, device=device), lengths
+        )
         logp, behaviour, advantages = logp[keep], behaviour[keep], advantages[keep]
         # one optimizer step per batch: the proximal policy is the current weights, detached
         proximal = logp.detach() if cfg.ratio == "decoupled" else None
@@ -175,7 +214,8 @@ def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, 
             ratio_max = max(ratio_max, float(diag["ratio"].max()))
     # every rank's share of the batch, summed
     loss_sum, kept_tokens, masked, mismatch_sum, mismatch_tokens, *diag_totals = distributed.all_reduce(
-        [loss_sum, kept_tokens, masked, mismatch_sum, mismatch_tokens, *diag_sums.values()])
+        [loss_sum, kept_tokens, masked, mismatch_sum, mismatch_tokens, *diag_sums.values()]
+    )
     ratio_max, mismatch_max = distributed.all_reduce([ratio_max, mismatch_max], distributed.dist.ReduceOp.MAX)
     if kept_tokens:
         for p in model.parameters():
@@ -188,12 +228,23 @@ def train_step(model, optimizer, samples: list[TurnSample], cfg: LearnerConfig, 
         scheduler.step()
     mean = {name: total / max(kept_tokens, 1) for name, total in zip(_DIAGS, diag_totals)}  # over kept tokens
     return StepStats(
-        loss=loss_sum / max(kept_tokens, 1), samples=len(samples), samples_masked=int(masked), tokens=int(kept_tokens),
-        ratio_mean=mean["ratio"], ratio_max=ratio_max, clip_fraction=mean["clipped"], dual_clip_fraction=mean["dual_clipped"],
-        approx_kl=mean["approx_kl"], behaviour_weight_mean=mean["behaviour_weight"],
-        behaviour_weight_capped_fraction=mean["behaviour_weight_capped"], entropy_mean=mean["entropy"], kl_mean=mean["kl"], lr=lr,
+        loss=loss_sum / max(kept_tokens, 1),
+        samples=len(samples),
+        samples_masked=int(masked),
+        tokens=int(kept_tokens),
+        ratio_mean=mean["ratio"],
+        ratio_max=ratio_max,
+        clip_fraction=mean["clipped"],
+        dual_clip_fraction=mean["dual_clipped"],
+        approx_kl=mean["approx_kl"],
+        behaviour_weight_mean=mean["behaviour_weight"],
+        behaviour_weight_capped_fraction=mean["behaviour_weight_capped"],
+        entropy_mean=mean["entropy"],
+        kl_mean=mean["kl"],
+        lr=lr,
         advantage_abs_mean=float(np.mean([abs(s.advantage) for s in samples])) if samples else 0.0,
-        logprob_mismatch_mean_nats=mismatch_sum / max(mismatch_tokens, 1), logprob_mismatch_max_nats=mismatch_max,
+        logprob_mismatch_mean_nats=mismatch_sum / max(mismatch_tokens, 1),
+        logprob_mismatch_max_nats=mismatch_max,
         mismatch_tokens=int(mismatch_tokens),
     )
 
@@ -205,8 +256,11 @@ class Trainer:
 
     def __init__(self, cfg: LearnerConfig, model_path: str, seed: int, resume_from: Path | None = None):
         self.cfg = cfg
-        for name, value, allowed in (("ratio", cfg.ratio, ("plain", "decoupled")), ("advantage", cfg.advantage, ("grpo", "gigpo")),
-                                     ("intrinsic_kind", cfg.intrinsic_kind, ("count", "rnd"))):
+        for name, value, allowed in (
+            ("ratio", cfg.ratio, ("plain", "decoupled")),
+            ("advantage", cfg.advantage, ("grpo", "gigpo")),
+            ("intrinsic_kind", cfg.intrinsic_kind, ("count", "rnd")),
+        ):
             if value not in allowed:
                 raise ValueError(f"learner.{name} must be {'|'.join(allowed)}, got {value!r}")
         self.device = distributed.init(cfg.device)
@@ -221,10 +275,16 @@ class Trainer:
         self.optimizer, self.scheduler = build_optimizer([p for p in self.scorer.parameters() if p.requires_grad], cfg)
         rnd = RNDBonus(cfg, seed) if cfg.intrinsic_kind == "rnd" else None
         self.intrinsic: IntrinsicReward = rnd or CountBonus(cfg.intrinsic_coef)
-        self.gigpo = GiGPO(cfg.gigpo_gamma, cfg.gigpo_step_weight, cfg.gigpo_step_norm) if cfg.advantage == "gigpo" else None
+        self.gigpo = (
+            GiGPO(cfg.gigpo_gamma, cfg.gigpo_step_weight, cfg.gigpo_step_norm) if cfg.advantage == "gigpo" else None
+        )
         # what a checkpoint holds besides the weights, by name
-        self.stateful = {"optimizer": distributed.FullOptimizerState(self.scorer, self.optimizer), "scheduler": self.scheduler,
-                         **({"rnd": rnd} if rnd else {}), **({"lora": distributed.FullTrainableState(self.scorer)} if cfg.lora_rank else {})}
+        self.stateful = {
+            "optimizer": distributed.FullOptimizerState(self.scorer, self.optimizer),
+            "scheduler": self.scheduler,
+            **({"rnd": rnd} if rnd else {}),
+            **({"lora": distributed.FullTrainableState(self.scorer)} if cfg.lora_rank else {}),
+        }
         self.version = load_trainer_state(resume_from, self.stateful) if resume_from else 0  # +1 per step
 
     @staticmethod
@@ -266,7 +326,11 @@ class Learner:
         self.checkpoints = Path(cfg.run_dir) / "checkpoints"
         resume_from = list_checkpoints(self.checkpoints)[-1:] if self.lcfg.resume else []
         # a LoRA run resumes from the base model plus the adapter in the trainer state, else from the checkpoint's weights
-        self.model_path = str(resume_from[0]) if resume_from and not self.lcfg.lora_rank else resolve_model(cfg.model.name, cfg.model.cache_dir or None)
+        self.model_path = (
+            str(resume_from[0])
+            if resume_from and not self.lcfg.lora_rank
+            else resolve_model(cfg.model.name, cfg.model.cache_dir or None)
+        )
         self.trainer = Trainer(self.lcfg, self.model_path, cfg.seed, resume_from[0] if resume_from else None)
         if resume_from:
             log.info("resumed from %s at policy version %d", resume_from[0], self.trainer.version)
@@ -280,7 +344,9 @@ class Learner:
         self.buffer = Client(ctx, cfg.endpoints.replay_buffer, timeout_s=60.0)
         self.policies = [Client(ctx, ep, timeout_s=self.lcfg.push_timeout_s) for ep in cfg.endpoints.policy_servers]
         run_id = hashlib.sha1(str(Path(cfg.run_dir).resolve()).encode()).hexdigest()[:12]
-        self.pusher = WeightPusher(self.lcfg, self.policies, cfg.policy_server.tensor_parallel_size, shm_name=f"run-{run_id}")
+        self.pusher = WeightPusher(
+            self.lcfg, self.policies, cfg.policy_server.tensor_parallel_size, shm_name=f"run-{run_id}"
+        )
 
     @property
     def version(self) -> int:
@@ -288,8 +354,12 @@ class Learner:
 
     def run(self) -> dict:
         for client in [self.buffer, *self.policies] if self.main else []:
-            wait_until_ready(client, "learner", self.cfg.env_actor.startup_timeout_s,
-                             on_wait=lambda left, ep=client.endpoint: log.info("waiting for %s (%.0fs left)", ep, left))
+            wait_until_ready(
+                client,
+                "learner",
+                self.cfg.env_actor.startup_timeout_s,
+                on_wait=lambda left, ep=client.endpoint: log.info("waiting for %s (%.0fs left)", ep, left),
+            )
         if self.version > 0:  # resumed: the servers start from the base model, give them ours
             self.push()
         log.info("learner ready at policy version %d; training up to step %d", self.version, self.lcfg.total_steps)
@@ -315,10 +385,14 @@ class Learner:
         if not self.main:
             return None
         model = self.trainer.model
-        return self.pusher.push(weight_tensors(model, weights), self.version, lora_scale(model) if is_lora(model) else 0.0)
+        return self.pusher.push(
+            weight_tensors(model, weights), self.version, lora_scale(model) if is_lora(model) else 0.0
+        )
 
     def next_batch(self) -> Batch:
-        request = BatchRequest(learner_version=self.version, num_groups=self.lcfg.groups_per_step, max_staleness=self.lcfg.max_staleness)
+        request = BatchRequest(
+            learner_version=self.version, num_groups=self.lcfg.groups_per_step, max_staleness=self.lcfg.max_staleness
+        )
         while True:
             reply = self.buffer.call(request)
             if isinstance(reply, Batch):
@@ -337,10 +411,15 @@ class Learner:
         m.policy_version.set(self.version)
         staleness = [self.version - 1 - v for t in trajectories for v in t.policy_versions.tolist()]
         record = {
-            "step": self.version, "policy_version": self.version, "episodes": len(trajectories),
+            "step": self.version,
+            "policy_version": self.version,
+            "episodes": len(trajectories),
             "episode_score_mean": float(np.mean([t.score for t in trajectories])),
-            "modes": sorted({t.mode for t in trajectories}), "staleness_mean_versions": float(np.mean(staleness)),
-            "masked_fraction": stats.samples_masked / max(stats.samples, 1), "step_seconds": step_s, "weight_push_seconds": push.seconds,
+            "modes": sorted({t.mode for t in trajectories}),
+            "staleness_mean_versions": float(np.mean(staleness)),
+            "masked_fraction": stats.samples_masked / max(stats.samples, 1),
+            "step_seconds": step_s,
+            "weight_push_seconds": push.seconds,
             "weight_push_engine_seconds": push.engine_seconds,
             **{k: v for k, v in vars(stats).items()},
         }
@@ -348,10 +427,23 @@ class Learner:
             if name in record:
                 gauge.set(record[name])
         self.history.append(record)
-        log.info("step %d: loss=%.4f samples=%d (masked %d) tokens=%d score=%.1f ratio=%.3f clip=%.3f "
-                 "mismatch=%.2e/%.2e nats lr=%.2e step=%.1fs push=%.1fs", self.version, stats.loss, stats.samples,
-                 stats.samples_masked, stats.tokens, record["episode_score_mean"], stats.ratio_mean,
-                 stats.clip_fraction, stats.logprob_mismatch_mean_nats, stats.logprob_mismatch_max_nats, stats.lr, step_s, push.seconds)
+        log.info(
+            "step %d: loss=%.4f samples=%d (masked %d) tokens=%d score=%.1f ratio=%.3f clip=%.3f "
+            "mismatch=%.2e/%.2e nats lr=%.2e step=%.1fs push=%.1fs",
+            self.version,
+            stats.loss,
+            stats.samples,
+            stats.samples_masked,
+            stats.tokens,
+            record["episode_score_mean"],
+            stats.ratio_mean,
+            stats.clip_fraction,
+            stats.logprob_mismatch_mean_nats,
+            stats.logprob_mismatch_max_nats,
+            stats.lr,
+            step_s,
+            push.seconds,
+        )
 
     def save_checkpoint(self) -> str:
         """Every rank takes part; rank 0 writes it and gets its path ("" elsewhere). A version
@@ -362,13 +454,19 @@ class Learner:
         return self.saved[1]
 
     def finish(self) -> dict:
-        summary = {"steps": self.version, "policy_version": self.version, "final_checkpoint": self.save_checkpoint(), "history": self.history}
+        summary = {
+            "steps": self.version,
+            "policy_version": self.version,
+            "final_checkpoint": self.save_checkpoint(),
+            "history": self.history,
+        }
         if not self.main:
             return summary
         self.cfg.run_path("learner_summary.json").write_text(json.dumps(summary, indent=1))
-        log.info("done: %d steps, policy version %d, checkpoint %s", self.version, self.version, summary["final_checkpoint"])
+        log.info(
+            "done: %d steps, policy version %d, checkpoint %s", self.version, self.version, summary["final_checkpoint"]
+        )
         return summary
-
 
     def close(self) -> None:
         if self.main:

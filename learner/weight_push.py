@@ -29,7 +29,13 @@ from learner.config import LearnerConfig
 from learner.lora import adapter_tensors, is_lora
 from protocol import Client
 from protocol.messages import (
-    WEIGHT_SYNC_METHODS, NcclTransferInit, NcclTransferUpdate, TensorMeta, WeightChunk, WeightFile, WeightUpdateAck,
+    WEIGHT_SYNC_METHODS,
+    NcclTransferInit,
+    NcclTransferUpdate,
+    TensorMeta,
+    WeightChunk,
+    WeightFile,
+    WeightUpdateAck,
 )
 from protocol.weight_file import file_checksum, weights_checksum, write_weight_file
 
@@ -47,11 +53,18 @@ def weight_tensors(model, state_dict: dict[str, torch.Tensor] | None = None) -> 
     return [(name, t.detach()) for name, t in state_dict.items() if not (tied and name == "lm_head.weight")]
 
 
-def build_chunks(tensors: list[tuple[str, torch.Tensor]], version: int, chunk_bytes: int, lora_scale: float = 0.0) -> list[WeightChunk]:
+def build_chunks(
+    tensors: list[tuple[str, torch.Tensor]], version: int, chunk_bytes: int, lora_scale: float = 0.0
+) -> list[WeightChunk]:
     views = []
     for name, t in tensors:
         cpu = t.to("cpu").contiguous()
-        views.append((TensorMeta(name, str(cpu.dtype).removeprefix("torch."), list(cpu.shape)), cpu.view(-1).view(torch.uint8).numpy()))
+        views.append(
+            (
+                TensorMeta(name, str(cpu.dtype).removeprefix("torch."), list(cpu.shape)),
+                cpu.view(-1).view(torch.uint8).numpy(),
+            )
+        )
     checksum = weights_checksum(memoryview(v) for _, v in views)
     groups, current, size = [], [], 0
     for meta, view in views:
@@ -62,8 +75,15 @@ def build_chunks(tensors: list[tuple[str, torch.Tensor]], version: int, chunk_by
         size += view.nbytes
     groups.append(current)
     return [
-        WeightChunk(version=version, chunk_index=i, num_chunks=len(groups), tensors=[m for m, _ in g], data=[v for _, v in g],
-                    checksum=checksum, lora_scale=lora_scale)
+        WeightChunk(
+            version=version,
+            chunk_index=i,
+            num_chunks=len(groups),
+            tensors=[m for m, _ in g],
+            data=[v for _, v in g],
+            checksum=checksum,
+            lora_scale=lora_scale,
+        )
         for i, g in enumerate(groups)
     ]
 
@@ -99,7 +119,9 @@ class WeightPusher:
 
     def __init__(self, cfg: LearnerConfig, clients: list[Client], tensor_parallel_size: int = 1, shm_name: str = ""):
         if cfg.weight_sync not in WEIGHT_SYNC_METHODS:
-            raise ValueError(f"learner.weight_sync must be one of {'|'.join(WEIGHT_SYNC_METHODS)}, got {cfg.weight_sync!r}")
+            raise ValueError(
+                f"learner.weight_sync must be one of {'|'.join(WEIGHT_SYNC_METHODS)}, got {cfg.weight_sync!r}"
+            )
         if cfg.lora_rank and cfg.weight_sync == "nccl":
             raise ValueError("adapter-only LoRA pushes travel by learner.weight_sync=zmq, shm or checkpoint, not nccl")
         self.cfg, self.clients = cfg, clients
@@ -116,20 +138,30 @@ class WeightPusher:
         """zmq, shm or nccl: every server runs `version` when this returns. lora_scale > 0: the
         tensors are a LoRA adapter (adapter-only push; zmq and shm)."""
         if self.cfg.weight_sync == "zmq":
-            return push_weights(self.clients, build_chunks(tensors, version, self.cfg.weight_chunk_bytes, lora_scale), self.cfg.push_timeout_s)
+            return push_weights(
+                self.clients,
+                build_chunks(tensors, version, self.cfg.weight_chunk_bytes, lora_scale),
+                self.cfg.push_timeout_s,
+            )
         if self.cfg.weight_sync == "nccl":
             return self.nccl.push(tensors, version)
         t0 = time.perf_counter()
         checksum = write_weight_file(self.shm_path, tensors)
-        timing = push_weight_file(self.clients, str(self.shm_path), checksum, version, self.cfg.push_timeout_s, lora_scale)
+        timing = push_weight_file(
+            self.clients, str(self.shm_path), checksum, version, self.cfg.push_timeout_s, lora_scale
+        )
         return PushTiming(time.perf_counter() - t0, timing.engine_seconds)
 
     def push_checkpoint(self, checkpoint_dir: Path, version: int) -> PushTiming:
         """checkpoint: the servers load the model file of a checkpoint the learner just wrote."""
         path = Path(checkpoint_dir) / "model.safetensors"
         if not path.is_file():
-            raise RuntimeError(f"{checkpoint_dir} has no single model.safetensors (sharded checkpoints are not supported by weight_sync=checkpoint)")
-        return push_weight_file(self.clients, str(path.resolve()), file_checksum(str(path)), version, self.cfg.push_timeout_s)
+            raise RuntimeError(
+                f"{checkpoint_dir} has no single model.safetensors (sharded checkpoints are not supported by weight_sync=checkpoint)"
+            )
+        return push_weight_file(
+            self.clients, str(path.resolve()), file_checksum(str(path)), version, self.cfg.push_timeout_s
+        )
 
 
 def require_cuda(what: str) -> None:
@@ -185,9 +217,18 @@ class NcclWeightPusher:
         self.groups = []
         for i, client in enumerate(clients):
             sync_client = ZmqWeightSyncClient(client, cfg.push_timeout_s)
-            info = NCCLTrainerInitInfo(master_address=cfg.nccl_address, master_port=cfg.nccl_port + i,
-                                       world_size=1 + tensor_parallel_size, rank=0)
-            self.groups.append((sync_client, NCCLTrainerWeightTransferEngine.trainer_init(info, client=sync_client, source=self.source)))
+            info = NCCLTrainerInitInfo(
+                master_address=cfg.nccl_address,
+                master_port=cfg.nccl_port + i,
+                world_size=1 + tensor_parallel_size,
+                rank=0,
+            )
+            self.groups.append(
+                (
+                    sync_client,
+                    NCCLTrainerWeightTransferEngine.trainer_init(info, client=sync_client, source=self.source),
+                )
+            )
             log.info("NCCL weight transfer group %d ready with %s", i, client.endpoint)
 
     def push(self, tensors: list[tuple[str, torch.Tensor]], version: int) -> PushTiming:
@@ -215,11 +256,15 @@ class _TensorSource:
         return iter(self.tensors)
 
 
-def push_weight_file(clients: list[Client], path: str, checksum: str, version: int, timeout_s: float, lora_scale: float = 0.0) -> PushTiming:
+def push_weight_file(
+    clients: list[Client], path: str, checksum: str, version: int, timeout_s: float, lora_scale: float = 0.0
+) -> PushTiming:
     """Announce a written weight file to every server; returns the timing until all run it."""
     t0, engine_s = time.perf_counter(), 0.0
     for client in clients:
-        ack = client.call(WeightFile(version=version, path=path, checksum=checksum, lora_scale=lora_scale), timeout_s=timeout_s)
+        ack = client.call(
+            WeightFile(version=version, path=path, checksum=checksum, lora_scale=lora_scale), timeout_s=timeout_s
+        )
         if not (isinstance(ack, WeightUpdateAck) and ack.applied and ack.version == version):
             raise RuntimeError(f"{client.endpoint} did not apply version {version}: {ack}")
         log.info("%s now serves v%d from %s (engine reload %.2fs)", client.endpoint, version, path, ack.apply_seconds)

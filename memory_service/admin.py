@@ -26,8 +26,13 @@ def export_store(db: str, out_path: str) -> int:
     count = 0
     with open(out_path, "w") as out:
         for key, entry, vector in store.export_rows():
-            record = {"key": key, "tip": entry.tip, "score": entry.score, "state": entry.state,
-                      "vector": base64.b64encode(vector.astype(np.float32).tobytes()).decode()}
+            record = {
+                "key": key,
+                "tip": entry.tip,
+                "score": entry.score,
+                "state": entry.state,
+                "vector": base64.b64encode(vector.astype(np.float32).tobytes()).decode(),
+            }
             out.write(json.dumps(record) + "\n")
             count += 1
     store.close()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 EMBEDDED_EMBEDDER = "embedded:all-MiniLM-L6-v2"
-REFLECTION_SYSTEM = "You review an agent's attempt at a ScienceWorld task and write one short lesson for its next attempt."
+REFLECTION_SYSTEM = (
+    "You review an agent's attempt at a ScienceWorld task and write one short lesson for its next attempt."
+)
 REFLECTION_INSTRUCTION = (
     "In one sentence of under 100 words, say what happened in this attempt, how far it was from "
     "completing the task, and what to do differently next time."
@@ -27,17 +29,3 @@ class MemoryServiceConfig:
     reflection_timeout_s: float = 300.0
     reflection_batch_size: int = 8  # episodes reflected on concurrently (the engine batches them)
     db_file: str = "memory.sqlite"  # inside run_dir; every accepted entry is persisted here
-
-
-@dataclass
-class TestTimeAdaptationConfig:
-    """`empo2-memory-tta`: K trials per unseen task with memory on and no weight updates
-    (paper Figure 8). Starts its own policy server(s) and memory service."""
-
-    __test__ = False  # not a pytest test class despite the name
-
-    tasks: list[str] = field(default_factory=lambda: ["find-animal"])  # tasks not trained on
-    variations: int = 1  # the first N test variations of each task
-    trials: int = 5  # K: attempts per (task, variation); memory grows between them
-    temperature: float = 0.4  # evaluation temperature (empo2.md)
-    reflection_wait_s: float = 300.0  # wait for each trial's reflection before the next trial

@@ -23,7 +23,6 @@ import numpy as np
 import zmq
 from threadpoolctl import threadpool_limits
 
-from common.config import PipelineConfig
 from common.metrics import MemoryServiceMetrics
 from common.model_prep import resolve_model
 from common.process import run_role
@@ -31,10 +30,12 @@ from common.server import serve_requests
 from memory_service.config import MemoryServiceConfig
 from memory_service.embedder import Embedder
 from memory_service.store import Entry, MemoryStore, memory_key
+from pipeline.config import PipelineConfig
 from protocol import Client
 from protocol.messages import Ack, EpisodeReport, ErrorReply, GenerateRequest, MemoryQuery, MemoryResult, Ping, Pong
 
 log = logging.getLogger("memory_service")
+
 
 def reflection_messages(report: EpisodeReport, mcfg: MemoryServiceConfig | None = None) -> list[dict]:
     """The chat the policy answers with its reflection (prompts from memory_service config)."""
@@ -102,7 +103,10 @@ class MemoryService:
 
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.cfg.model.name, self.cfg.model.cache_dir or None))
         ctx, servers = zmq.Context.instance(), self.cfg.endpoints.policy_servers
-        clients = [Client(ctx, servers[i % len(servers)], self.mcfg.reflection_timeout_s) for i in range(self.mcfg.reflection_batch_size)]
+        clients = [
+            Client(ctx, servers[i % len(servers)], self.mcfg.reflection_timeout_s)
+            for i in range(self.mcfg.reflection_batch_size)
+        ]
         request_ids = itertools.count()
         while True:
             reports = [self.reports.get()]
@@ -112,12 +116,21 @@ class MemoryService:
             self.metrics.reflection_batch.observe(len(reports))
             t0 = time.perf_counter()
             for client, report in zip(clients, reports):
-                text = tokenizer.apply_chat_template(reflection_messages(report, self.mcfg), tokenize=False, add_generation_prompt=True)
+                text = tokenizer.apply_chat_template(
+                    reflection_messages(report, self.mcfg), tokenize=False, add_generation_prompt=True
+                )
                 rid = next(request_ids)
-                client.send(GenerateRequest(
-                    request_id=f"reflect-{rid}", prompt_token_ids=np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32),
-                    max_tokens=self.mcfg.reflection_max_tokens, temperature=self.mcfg.reflection_temperature, seed=rid,
-                ))
+                client.send(
+                    GenerateRequest(
+                        request_id=f"reflect-{rid}",
+                        prompt_token_ids=np.asarray(
+                            tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32
+                        ),
+                        max_tokens=self.mcfg.reflection_max_tokens,
+                        temperature=self.mcfg.reflection_temperature,
+                        seed=rid,
+                    )
+                )
             reflected = []
             for client, report in zip(clients, reports):
                 try:
@@ -144,7 +157,10 @@ class MemoryService:
         for report, reflection in reflected:
             reflection = " ".join(reflection.split()) or "No reflection was produced."
             n = len(report.observations)
-            entries = [Entry(tip_text(reflection, a, report.score), report.score, s) for a, s in zip(report.actions, report.observations)]
+            entries = [
+                Entry(tip_text(reflection, a, report.score), report.score, s)
+                for a, s in zip(report.actions, report.observations)
+            ]
             key = memory_key(self.mcfg.key, report.task, report.variation)
             added += self.store.add(key, entries, vectors[offset : offset + n])
             offset += n

@@ -6,6 +6,15 @@ from protocol.messages import *  # noqa: F401,F403  (the message classes are the
 from protocol.transport import Client, RemoteError, RequestTimeout, bind_router, recv_request, send_reply
 
 __all__ = [
-    "PROTOCOL_VERSION", "Message", "ProtocolError", "decode", "encode",
-    "Client", "RemoteError", "RequestTimeout", "bind_router", "recv_request", "send_reply",
+    "PROTOCOL_VERSION",
+    "Message",
+    "ProtocolError",
+    "decode",
+    "encode",
+    "Client",
+    "RemoteError",
+    "RequestTimeout",
+    "bind_router",
+    "recv_request",
+    "send_reply",
 ]

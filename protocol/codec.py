@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import msgpack
 import numpy as np
@@ -118,15 +119,11 @@ def _decode(frames: Sequence[Any], max_bytes: int) -> Message:
     cls = _REGISTRY.get(kind)
     if cls is None:
         raise ProtocolError("unknown_kind", f"unknown message kind {kind[:64]!r}")
-    header = msgpack.unpackb(
-        bytes(raw[1]), raw=False, strict_map_key=True, use_list=True, ext_hook=_reject_ext
-    )
+    header = msgpack.unpackb(bytes(raw[1]), raw=False, strict_map_key=True, use_list=True, ext_hook=_reject_ext)
     if not isinstance(header, dict) or set(header) != {"v", "body"}:
         raise ProtocolError("malformed", "header must be a map with keys 'v' and 'body'")
     if type(header["v"]) is not int or header["v"] != PROTOCOL_VERSION:
-        raise ProtocolError(
-            "bad_version", f"protocol version {header['v']!r}, this process speaks {PROTOCOL_VERSION}"
-        )
+        raise ProtocolError("bad_version", f"protocol version {header['v']!r}, this process speaks {PROTOCOL_VERSION}")
     buffers = [memoryview(f).cast("B") for f in raw[2:]]
     used: set[int] = set()
     msg = _from_wire(cls, header["body"], buffers, used, kind)  # validates every message in it
@@ -156,14 +153,9 @@ def _from_wire(tp: Any, value: Any, buffers: list[memoryview], used: set[int], p
         unknown = set(value) - set(fields)
         missing = {n for n, f in fields.items() if n not in value and _required(f)}
         if unknown or missing:
-            raise ProtocolError(
-                "schema", f"{path}: unknown fields {sorted(unknown)}, missing {sorted(missing)}"
-            )
+            raise ProtocolError("schema", f"{path}: unknown fields {sorted(unknown)}, missing {sorted(missing)}")
         hints = typing.get_type_hints(tp)
-        kwargs = {
-            name: _from_wire(hints[name], v, buffers, used, f"{path}.{name}")
-            for name, v in value.items()
-        }
+        kwargs = {name: _from_wire(hints[name], v, buffers, used, f"{path}.{name}") for name, v in value.items()}
         obj = tp(**kwargs)
         if isinstance(obj, Message):  # nested messages too (a Batch's trajectories)
             obj.validate()

@@ -1,7 +1,7 @@
 """Every message that crosses a process boundary. Each field says: meaning, producer -> consumer.
 
 Roles: policy server (actors.policy_server), env actor (actors.env_actor), replay buffer
-(learner.replay_buffer), memory service (memory_service.service), learner (learner.train).
+(replay_buffer.service), memory service (memory_service.service), learner (learner.train).
 Socket-level conventions (patterns, who binds, timeouts) are in protocol/transport.py and
 protocol/README.md.
 """
@@ -139,12 +139,6 @@ class TensorMeta:
 # W = W0 + lora_scale * B @ A (an adapter-only push: ~1% of the bytes of the full model).
 
 
-def lora_merged(weight, lora_a, lora_b, scale: float):
-    """The weight a LoRA update stands for: W0 + scale * B @ A, computed in float32 and returned in
-    W0's dtype (torch tensors). The learner's checkpoints and the servers' merges both use it."""
-    return (weight.float() + scale * (lora_b.float() @ lora_a.float())).to(weight.dtype)
-
-
 def _check_lora_scale(scale: float) -> None:
     _check(0.0 <= scale < 1e6, "lora_scale must be >= 0 and finite")
 
@@ -164,7 +158,9 @@ class WeightChunk(Message):
     num_chunks: int
     tensors: list[TensorMeta]
     data: list[np.ndarray]  # uint8 [nbytes] per tensor, same order as `tensors`
-    checksum: str  # protocol.weight_file.weights_checksum: XXH3-128 hex over all tensors' bytes of the whole update, in order
+    checksum: (
+        str  # protocol.weight_file.weights_checksum: XXH3-128 hex over all tensors' bytes of the whole update, in order
+    )
     lora_scale: float = 0.0  # 0: full weights; > 0: a LoRA adapter the server merges (above WeightChunk)
 
     def validate(self) -> None:
@@ -197,7 +193,10 @@ class WeightFile(Message):
     def validate(self) -> None:
         _check(self.version >= 0, "negative version")
         _check_lora_scale(self.lora_scale)
-        _check(self.path.startswith("/") and self.path.endswith(".safetensors"), "path must be an absolute .safetensors file")
+        _check(
+            self.path.startswith("/") and self.path.endswith(".safetensors"),
+            "path must be an absolute .safetensors file",
+        )
 
 
 @register

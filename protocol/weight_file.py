@@ -81,7 +81,11 @@ def _header(tensors: list[tuple[str, torch.Tensor]]) -> tuple[bytes, list[int]]:
         if t.dtype not in SAFETENSORS_DTYPES:
             raise WeightFileError(f"tensor {name}: dtype {t.dtype} not supported")
         size = t.numel() * t.element_size()
-        entries[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        entries[name] = {
+            "dtype": SAFETENSORS_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + size],
+        }
         offsets.append(offset)
         offset += size
     blob = json.dumps(entries, separators=(",", ":")).encode()
@@ -139,8 +143,14 @@ def mapped_weights(path: str | Path):
         for name, entry in header.items():
             start, end = (8 + header_len + o for o in entry["data_offsets"])
             dtype = _TORCH_DTYPES.get(entry["dtype"])
-            if dtype is None or not 8 + header_len <= start <= end <= size or end - start != math.prod(entry["shape"]) * dtype.itemsize:
-                raise WeightFileError(f"{path}: tensor {name}: dtype {entry['dtype']}, shape {entry['shape']} or offsets {entry['data_offsets']} out of range")
+            if (
+                dtype is None
+                or not 8 + header_len <= start <= end <= size
+                or end - start != math.prod(entry["shape"]) * dtype.itemsize
+            ):
+                raise WeightFileError(
+                    f"{path}: tensor {name}: dtype {entry['dtype']}, shape {entry['shape']} or offsets {entry['data_offsets']} out of range"
+                )
             raw = data[start:end]
             if start % dtype.itemsize:  # another writer's unaligned layout: copy this one
                 raw = raw.clone()
@@ -171,7 +181,9 @@ def concat_rows(parts: list[torch.Tensor]) -> torch.Tensor:
     storage (mapped_weights of a file written in the model's own order)."""
     first = parts[0]
     adjacent = all(
-        p.is_contiguous() and p.dtype == first.dtype and p.shape[1:] == first.shape[1:]
+        p.is_contiguous()
+        and p.dtype == first.dtype
+        and p.shape[1:] == first.shape[1:]
         and p.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
         for p in parts
     ) and all(a.data_ptr() + a.numel() * a.element_size() == b.data_ptr() for a, b in zip(parts, parts[1:]))

@@ -15,20 +15,63 @@ PANELS = [
     ("Env steps / s", "ops", ["sum(rate(empo2_env_actor_env_steps_total[1m]))"]),
     ("Episodes accepted / s", "ops", ["sum by (mode) (rate(empo2_replay_buffer_trajectories_accepted_total[1m]))"]),
     ("Generated tokens / s", "ops", ["sum(rate(empo2_policy_server_generated_tokens_total[1m]))"]),
-    ("Policy version by role", "none", ["empo2_learner_policy_version", "empo2_policy_server_policy_version", "empo2_env_actor_policy_version"]),
+    (
+        "Policy version by role",
+        "none",
+        ["empo2_learner_policy_version", "empo2_policy_server_policy_version", "empo2_env_actor_policy_version"],
+    ),
     ("Learner loss", "none", ["empo2_learner_loss"]),
-    ("Learner step time (p50)", "s", ["histogram_quantile(0.5, sum by (le) (rate(empo2_learner_step_seconds_bucket[5m])))"]),
-    ("vLLM vs learner log-prob mismatch", "none", ["empo2_learner_logprob_mismatch_mean_nats", "empo2_learner_logprob_mismatch_max_nats"]),
-    ("Ratio / clipping / masking", "percentunit", ["empo2_learner_clip_fraction", "empo2_learner_dual_clip_fraction", "empo2_learner_masked_fraction"]),
+    (
+        "Learner step time (p50)",
+        "s",
+        ["histogram_quantile(0.5, sum by (le) (rate(empo2_learner_step_seconds_bucket[5m])))"],
+    ),
+    (
+        "vLLM vs learner log-prob mismatch",
+        "none",
+        ["empo2_learner_logprob_mismatch_mean_nats", "empo2_learner_logprob_mismatch_max_nats"],
+    ),
+    (
+        "Ratio / clipping / masking",
+        "percentunit",
+        ["empo2_learner_clip_fraction", "empo2_learner_dual_clip_fraction", "empo2_learner_masked_fraction"],
+    ),
     ("Staleness of trained samples", "none", ["empo2_learner_staleness_mean_versions"]),
-    ("Episode score (batch mean)", "none", ["empo2_learner_episode_score_mean", "avg(empo2_env_actor_last_episode_score)"]),
+    (
+        "Episode score (batch mean)",
+        "none",
+        ["empo2_learner_episode_score_mean", "avg(empo2_env_actor_last_episode_score)"],
+    ),
     ("Memory entries", "none", ["empo2_memory_service_entries"]),
-    ("Memories per retrieval (mean)", "none", ["rate(empo2_memory_service_retrieval_hits_sum[5m]) / rate(empo2_memory_service_retrieval_hits_count[5m])"]),
+    (
+        "Memories per retrieval (mean)",
+        "none",
+        ["rate(empo2_memory_service_retrieval_hits_sum[5m]) / rate(empo2_memory_service_retrieval_hits_count[5m])"],
+    ),
     ("Reflection queue depth", "none", ["empo2_memory_service_reflection_queue_depth"]),
-    ("Weight push time (p50)", "s", ["histogram_quantile(0.5, sum by (le) (rate(empo2_learner_weight_push_seconds_bucket[15m])))"]),
-    ("Groups ready / dropped stale", "none", ["empo2_replay_buffer_groups_ready", "empo2_replay_buffer_groups_dropped_stale_total"]),
-    ("Rejected messages / s", "ops", ["sum by (job, reason) (rate({__name__=~\"empo2_.*_messages_rejected_total\"}[1m]))"]),
-    ("Memory fallbacks / invalid actions", "ops", ["sum(rate(empo2_env_actor_memory_fallbacks_total[1m]))", "sum(rate(empo2_env_actor_invalid_actions_mapped_total[1m]))"]),
+    (
+        "Weight push time (p50)",
+        "s",
+        ["histogram_quantile(0.5, sum by (le) (rate(empo2_learner_weight_push_seconds_bucket[15m])))"],
+    ),
+    (
+        "Groups ready / dropped stale",
+        "none",
+        ["empo2_replay_buffer_groups_ready", "empo2_replay_buffer_groups_dropped_stale_total"],
+    ),
+    (
+        "Rejected messages / s",
+        "ops",
+        ['sum by (job, reason) (rate({__name__=~"empo2_.*_messages_rejected_total"}[1m]))'],
+    ),
+    (
+        "Memory fallbacks / invalid actions",
+        "ops",
+        [
+            "sum(rate(empo2_env_actor_memory_fallbacks_total[1m]))",
+            "sum(rate(empo2_env_actor_invalid_actions_mapped_total[1m]))",
+        ],
+    ),
     ("Requests in flight", "none", ["empo2_policy_server_requests_in_flight"]),
     ("Learning rate", "none", ["empo2_learner_lr"]),
     ("Weight push: engine part (last)", "s", ["empo2_learner_weight_push_engine_seconds"]),
@@ -39,15 +82,22 @@ PANELS = [
 def dashboard() -> dict:
     panels = []
     for i, (title, unit, exprs) in enumerate(PANELS):
-        panels.append({
-            "id": i + 1, "type": "timeseries", "title": title,
-            "gridPos": {"h": 8, "w": 8, "x": 8 * (i % 3), "y": 8 * (i // 3)},
-            "datasource": {"type": "prometheus", "uid": "${datasource}"},
-            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-            "targets": [{"refId": chr(65 + j), "expr": e, "legendFormat": "__auto"} for j, e in enumerate(exprs)],
-        })
+        panels.append(
+            {
+                "id": i + 1,
+                "type": "timeseries",
+                "title": title,
+                "gridPos": {"h": 8, "w": 8, "x": 8 * (i % 3), "y": 8 * (i // 3)},
+                "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+                "targets": [{"refId": chr(65 + j), "expr": e, "legendFormat": "__auto"} for j, e in enumerate(exprs)],
+            }
+        )
     return {
-        "title": "EMPO2 pipeline", "uid": "empo2-pipeline", "schemaVersion": 39, "refresh": "10s",
+        "title": "EMPO2 pipeline",
+        "uid": "empo2-pipeline",
+        "schemaVersion": 39,
+        "refresh": "10s",
         "time": {"from": "now-1h", "to": "now"},
         "templating": {"list": [{"name": "datasource", "type": "datasource", "query": "prometheus"}]},
         "panels": panels,

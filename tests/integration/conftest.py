@@ -19,8 +19,14 @@ class RoleProcess:
         self.log_path = log_path
         env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
         with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", module, *overrides], cwd=REPO, stdout=log,
-                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", module, *overrides],
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

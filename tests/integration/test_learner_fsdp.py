@@ -38,14 +38,29 @@ def _trajectories(step: int) -> list:
         mode = (ON_POLICY, ON_POLICY_TIPS, OFF_POLICY, ON_POLICY)[slot]
         prompts = [rng.integers(3, 40, rng.integers(5, 20)).astype(np.int32) for _ in range(2)]
         responses = [rng.integers(3, 40, rng.integers(1, 4)).astype(np.int32) for _ in range(2)]
-        out.append(Trajectory(
-            episode_id=f"{step}-{slot}", group_id=f"g{step}", slot=slot, actor_id="a", task="t", variation=0, mode=mode,
-            score=float(25 * slot), done=True, prompt_token_ids=np.concatenate(prompts),
-            prompt_offsets=np.cumsum([0] + [len(p) for p in prompts]).astype(np.int64),
-            response_token_ids=np.concatenate(responses), response_offsets=np.cumsum([0] + [len(r) for r in responses]).astype(np.int64),
-            behaviour_logprobs=rng.uniform(-4, -2, sum(len(r) for r in responses)).astype(np.float32),
-            tip_spans=np.array([[0, 1, 3], [1, 1, 3]] if mode != ON_POLICY else np.zeros((0, 3)), np.int32), policy_versions=np.full(2, step, np.int32),
-            num_memories=np.array([1, 3], np.int32), observations=["a room", f"room {slot}"], actions=["look", "go"]))
+        out.append(
+            Trajectory(
+                episode_id=f"{step}-{slot}",
+                group_id=f"g{step}",
+                slot=slot,
+                actor_id="a",
+                task="t",
+                variation=0,
+                mode=mode,
+                score=float(25 * slot),
+                done=True,
+                prompt_token_ids=np.concatenate(prompts),
+                prompt_offsets=np.cumsum([0] + [len(p) for p in prompts]).astype(np.int64),
+                response_token_ids=np.concatenate(responses),
+                response_offsets=np.cumsum([0] + [len(r) for r in responses]).astype(np.int64),
+                behaviour_logprobs=rng.uniform(-4, -2, sum(len(r) for r in responses)).astype(np.float32),
+                tip_spans=np.array([[0, 1, 3], [1, 1, 3]] if mode != ON_POLICY else np.zeros((0, 3)), np.int32),
+                policy_versions=np.full(2, step, np.int32),
+                num_memories=np.array([1, 3], np.int32),
+                observations=["a room", f"room {slot}"],
+                actions=["look", "go"],
+            )
+        )
     return out
 
 
@@ -59,10 +74,19 @@ def worker(model_dir: str, out: str) -> None:
     from learner.train import Trainer
     from protocol.messages import Batch
 
-    cfg = LearnerConfig(lr=1e-3, total_steps=4, lr_schedule="linear", micro_batch_tokens=48, low_prob_threshold=-3.0,
-                        intrinsic_kind="rnd", device="cpu")
+    cfg = LearnerConfig(
+        lr=1e-3,
+        total_steps=4,
+        lr_schedule="linear",
+        micro_batch_tokens=48,
+        low_prob_threshold=-3.0,
+        intrinsic_kind="rnd",
+        device="cpu",
+    )
     trainer = Trainer(cfg, model_dir, seed=0)
-    batches = [distributed.broadcast_message(Batch(_trajectories(k), 0) if distributed.rank() == 0 else None) for k in range(2)]
+    batches = [
+        distributed.broadcast_message(Batch(_trajectories(k), 0) if distributed.rank() == 0 else None) for k in range(2)
+    ]
     trainer.step(batches[0].trajectories)
     checkpoint = trainer.save_checkpoint(Path(out) / "checkpoints", keep_last=1)
     trainer.step(batches[1].trajectories)
@@ -79,10 +103,14 @@ def worker(model_dir: str, out: str) -> None:
 
 
 def _run(command: list[str], out: Path, timeout: float = 120) -> None:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(
+        os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false"
+    )
     out.mkdir()
     with open(out / "log.txt", "wb") as log:
-        proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         try:
             rc = proc.wait(timeout=timeout)
         finally:
@@ -97,9 +125,21 @@ def model_dir(tmp_path_factory) -> str:
 
     path = tmp_path_factory.mktemp("tiny-model")
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)).save_pretrained(path)
-    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))).save_pretrained(path)
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=40,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=True,
+        )
+    ).save_pretrained(path)
+    PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    ).save_pretrained(path)
     return str(path)
 
 
@@ -111,9 +151,24 @@ def test_two_ranks_take_the_single_process_steps(model_dir, tmp_path):
     with socket.socket() as s:  # a free port for the rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}",
-          script, model_dir, str(tmp_path / "two")], tmp_path / "two")
-    one, two = load_file(str(tmp_path / "one" / "final.safetensors")), load_file(str(tmp_path / "two" / "final.safetensors"))
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            script,
+            model_dir,
+            str(tmp_path / "two"),
+        ],
+        tmp_path / "two",
+    )
+    one, two = (
+        load_file(str(tmp_path / "one" / "final.safetensors")),
+        load_file(str(tmp_path / "two" / "final.safetensors")),
+    )
     initial = load_file(str(Path(model_dir) / "model.safetensors"))
     assert one.keys() == two.keys()
     assert any(not torch.equal(one[k], initial[k]) for k in initial)  # the steps moved the weights

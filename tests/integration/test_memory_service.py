@@ -17,10 +17,14 @@ from protocol.transport import wait_until_ready
 pytestmark = pytest.mark.integration
 POLICY, MEMORY, METRICS_BASE = "tcp://127.0.0.1:26550", "tcp://127.0.0.1:26570", 29200
 
-KITCHEN = ("This room is called the kitchen. In it, you see: a fridge, a counter, a sink, a red box, "
-           "an oven. You also see: a door to the hallway (that is open).")
-HALLWAY = ("This room is called the hallway. In it, you see: a picture, a substance called air. You also "
-           "see: a door to the kitchen (that is open), a door to the greenhouse (that is open).")
+KITCHEN = (
+    "This room is called the kitchen. In it, you see: a fridge, a counter, a sink, a red box, "
+    "an oven. You also see: a door to the hallway (that is open)."
+)
+HALLWAY = (
+    "This room is called the hallway. In it, you see: a picture, a substance called air. You also "
+    "see: a door to the kitchen (that is open), a door to the greenhouse (that is open)."
+)
 
 
 def _query(client: Client, state: str) -> MemoryResult:
@@ -30,8 +34,12 @@ def _query(client: Client, state: str) -> MemoryResult:
 
 
 def test_reflection_storage_retrieval_and_restart(start_role, tmp_path):
-    overrides = [f"endpoints.policy_servers=[{POLICY}]", f"endpoints.memory_service={MEMORY}",
-                 f"metrics.base_port={METRICS_BASE}", f"run_dir={tmp_path}"]
+    overrides = [
+        f"endpoints.policy_servers=[{POLICY}]",
+        f"endpoints.memory_service={MEMORY}",
+        f"metrics.base_port={METRICS_BASE}",
+        f"run_dir={tmp_path}",
+    ]
     start_role("actors.policy_server", overrides, "policy_server")
     memory_proc = start_role("memory_service.service", overrides, "memory_service")
     ctx = zmq.Context.instance()
@@ -40,9 +48,15 @@ def test_reflection_storage_retrieval_and_restart(start_role, tmp_path):
     wait_until_ready(Client(ctx, POLICY, timeout_s=30), "test", timeout_s=600)
 
     assert _query(memory, HALLWAY).count == 0  # empty memory: n = 0
-    report = EpisodeReport(episode_id="ep1", task="find-living-thing", variation=0,
-                           task_description="Your task is to find a(n) living thing.", score=40.0,
-                           observations=[HALLWAY, KITCHEN], actions=["teleport to kitchen", "open fridge"])
+    report = EpisodeReport(
+        episode_id="ep1",
+        task="find-living-thing",
+        variation=0,
+        task_description="Your task is to find a(n) living thing.",
+        score=40.0,
+        observations=[HALLWAY, KITCHEN],
+        actions=["teleport to kitchen", "open fridge"],
+    )
     assert isinstance(memory.call(report), Ack)
 
     deadline = time.monotonic() + 600
@@ -54,7 +68,9 @@ def test_reflection_storage_retrieval_and_restart(start_role, tmp_path):
     assert metrics["empo2_memory_service_entries"] == 2  # one entry per step
     assert metrics["empo2_memory_service_policy_version"] == 0  # written by the served policy
     # the hallway state retrieves (at least) its own step's tip, with the stored score
-    assert any("The action you took was teleport to kitchen; eventually you got score 40/100." in t for t in result.tips)
+    assert any(
+        "The action you took was teleport to kitchen; eventually you got score 40/100." in t for t in result.tips
+    )
     assert result.scores[0] == 40.0
     assert _query(memory, "zzzz qqqq 12345").count == 0  # an unrelated state stays under the threshold
     assert _query(memory, HALLWAY).count == _query(memory, HALLWAY).count  # retrieval is read-only

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import zmq
 
-from common.config import load_config
 from common.model_prep import resolve_model
 from deploy.monitor import scrape
+from pipeline.config import load_config
 from protocol import Client
 from protocol.messages import GenerateRequest, GenerateResponse
 from protocol.transport import wait_until_ready
@@ -37,7 +37,11 @@ def _alive(pid: int) -> bool:
 
 
 def _probe(client: Client, prompt: np.ndarray) -> GenerateResponse:
-    return client.call(GenerateRequest(request_id=f"probe-{time.time()}", prompt_token_ids=prompt, max_tokens=12, temperature=0.0, seed=0))
+    return client.call(
+        GenerateRequest(
+            request_id=f"probe-{time.time()}", prompt_token_ids=prompt, max_tokens=12, temperature=0.0, seed=0
+        )
+    )
 
 
 def test_pipeline_end_to_end(tmp_path):
@@ -46,13 +50,21 @@ def test_pipeline_end_to_end(tmp_path):
     out_path = tmp_path / "launch.out"
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
     with open(out_path, "wb") as out:
-        launcher = subprocess.Popen([sys.executable, "-m", "deploy.launch", *overrides], cwd=REPO, stdout=out,
-                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "deploy.launch", *overrides],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     try:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model.name))
-        text = tokenizer.apply_chat_template([{"role": "user", "content": "What is in the kitchen?"}], tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "What is in the kitchen?"}], tokenize=False, add_generation_prompt=True
+        )
         prompt = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
         client = Client(zmq.Context.instance(), cfg.endpoints.policy_servers[0], timeout_s=300)
         wait_until_ready(client, "e2e-test", timeout_s=900)
@@ -61,14 +73,20 @@ def test_pipeline_end_to_end(tmp_path):
         # once the learner has pushed a newer version, the same greedy prompt must change
         metrics_port = cfg.metrics.port("policy_server", 0)
         deadline = time.monotonic() + TIMEOUT_S
-        while scrape(cfg.metrics.host, metrics_port).get("empo2_policy_server_policy_version", -1) <= before.policy_version:
+        while (
+            scrape(cfg.metrics.host, metrics_port).get("empo2_policy_server_policy_version", -1)
+            <= before.policy_version
+        ):
             assert launcher.poll() is None, "launcher ended before any weight update:\n" + out_path.read_text()[-4000:]
             assert time.monotonic() < deadline, "no weight update in time"
             time.sleep(2)
         after = _probe(client, prompt)
         client.close()
         assert after.policy_version > before.policy_version
-        assert not (np.array_equal(after.token_ids, before.token_ids) and np.allclose(after.logprobs, before.logprobs, atol=1e-6))
+        assert not (
+            np.array_equal(after.token_ids, before.token_ids)
+            and np.allclose(after.logprobs, before.logprobs, atol=1e-6)
+        )
 
         rc = launcher.wait(timeout=max(deadline - time.monotonic(), 1))
         output = out_path.read_text()

@@ -16,14 +16,14 @@ import zmq
 
 from common.model_prep import resolve_model
 from deploy.monitor import scrape, total
+from learner.config import LearnerConfig
 from learner.lora import apply_lora, lora_scale
 from learner.policy_model import load_policy, response_logprobs
-from learner.config import LearnerConfig
 from learner.weight_push import WeightPusher, build_chunks, push_weight_file, push_weights, weight_tensors
 from protocol import Client, RemoteError
 from protocol.messages import GenerateRequest, GenerateResponse, Ping, Pong, WeightChunk, WeightFile
-from protocol.weight_file import file_checksum
 from protocol.transport import wait_until_ready
+from protocol.weight_file import file_checksum
 
 pytestmark = pytest.mark.integration
 ENDPOINT = "tcp://127.0.0.1:25550"
@@ -36,7 +36,9 @@ def model_and_tokenizer():
 
 
 def greedy(client: Client, prompt: np.ndarray) -> GenerateResponse:
-    reply = client.call(GenerateRequest(request_id="probe", prompt_token_ids=prompt, max_tokens=12, temperature=0.0, seed=0))
+    reply = client.call(
+        GenerateRequest(request_id="probe", prompt_token_ids=prompt, max_tokens=12, temperature=0.0, seed=0)
+    )
     assert isinstance(reply, GenerateResponse)
     return reply
 
@@ -49,13 +51,23 @@ def perturb(model) -> None:
 
 def learner_logprobs(model, prompt: np.ndarray, response: GenerateResponse) -> np.ndarray:
     with torch.no_grad():
-        return response_logprobs(model, torch.from_numpy(prompt.astype(np.int64)), torch.from_numpy(response.token_ids.astype(np.int64))).numpy()
+        return response_logprobs(
+            model, torch.from_numpy(prompt.astype(np.int64)), torch.from_numpy(response.token_ids.astype(np.int64))
+        ).numpy()
 
 
 def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
-    server = start_role("actors.policy_server", [f"endpoints.policy_servers=[{ENDPOINT}]", f"metrics.base_port={METRICS_PORT}",
-                                                f"run_dir={tmp_path}", "policy_server.on_update=abort"], "policy_server")
+    server = start_role(
+        "actors.policy_server",
+        [
+            f"endpoints.policy_servers=[{ENDPOINT}]",
+            f"metrics.base_port={METRICS_PORT}",
+            f"run_dir={tmp_path}",
+            "policy_server.on_update=abort",
+        ],
+        "policy_server",
+    )
     ctx = zmq.Context.instance()
     client = Client(ctx, ENDPOINT, timeout_s=120)
     try:
@@ -64,7 +76,9 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
         pytest.fail("policy server did not start:\n" + server.log()[-3000:])
     assert pong.policy_version == 0
 
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "Name one living thing."}], tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name one living thing."}], tokenize=False, add_generation_prompt=True
+    )
     prompt = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
 
     before = greedy(client, prompt)
@@ -74,7 +88,9 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
 
     # a corrupted update is refused and changes nothing
     chunks = build_chunks(weight_tensors(model), version=7, chunk_bytes=32 << 20)
-    bad = WeightChunk(version=7, chunk_index=0, num_chunks=1, tensors=chunks[0].tensors, data=chunks[0].data, checksum="0" * 32)
+    bad = WeightChunk(
+        version=7, chunk_index=0, num_chunks=1, tensors=chunks[0].tensors, data=chunks[0].data, checksum="0" * 32
+    )
     with pytest.raises(RemoteError) as err:
         client.call(bad)
     assert err.value.reason == "weight_update_rejected"
@@ -122,8 +138,13 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     # the update starts within a second of the generation and aborts it)
     replies = []
     long_client = Client(ctx, ENDPOINT, timeout_s=900)
-    generation = threading.Thread(target=lambda: replies.append(long_client.call(GenerateRequest(
-        request_id="long", prompt_token_ids=prompt, max_tokens=300, temperature=1.0, seed=1))))
+    generation = threading.Thread(
+        target=lambda: replies.append(
+            long_client.call(
+                GenerateRequest(request_id="long", prompt_token_ids=prompt, max_tokens=300, temperature=1.0, seed=1)
+            )
+        )
+    )
     generation.start()
     deadline = time.monotonic() + 60
     while total(scrape("127.0.0.1", METRICS_PORT), "empo2_policy_server_requests_in_flight") < 1:
@@ -140,15 +161,23 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     assert np.abs(learner_logprobs(model, prompt, reply) - reply.logprobs).max() < 1e-3
 
     # an adapter-only LoRA push (learner.lora_rank > 0): the server merges it onto its base model
-    lora_model = apply_lora(load_policy(resolve_model("embedded:SmolLM2-135M-Instruct"))[0], rank=8, alpha=16,
-                            targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    lora_model = apply_lora(
+        load_policy(resolve_model("embedded:SmolLM2-135M-Instruct"))[0],
+        rank=8,
+        alpha=16,
+        targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    )
     with torch.no_grad():
         for name, p in lora_model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.02)
     adapter = weight_tensors(lora_model)
     assert sum(t.numel() for _, t in adapter) < 0.05 * sum(t.numel() for _, t in weight_tensors(model))
-    push_weights([client], build_chunks(adapter, version=6, chunk_bytes=32 << 20, lora_scale=lora_scale(lora_model)), timeout_s=300)
+    push_weights(
+        [client],
+        build_chunks(adapter, version=6, chunk_bytes=32 << 20, lora_scale=lora_scale(lora_model)),
+        timeout_s=300,
+    )
     via_lora = greedy(client, prompt)
     assert via_lora.policy_version == 6
     assert np.abs(learner_logprobs(lora_model, prompt, via_lora) - via_lora.logprobs).max() < 1e-3

@@ -7,9 +7,10 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from deploy.monitor import scrape, total
-from learner.config import ReplayBufferConfig
-from learner.replay_buffer import BufferLog, ReplayBuffer
+from replay_buffer.config import ReplayBufferConfig
+from replay_buffer.service import BufferLog, ReplayBuffer
 
 pytestmark = pytest.mark.integration
 SERVERS = ["tcp://127.0.0.1:27550", "tcp://127.0.0.1:27551"]
@@ -17,14 +18,34 @@ BASE = 29300  # metrics: servers 29300/1, buffer 29310, memory 29311, actors 293
 
 
 def test_two_servers_three_actors(start_role, tmp_path):
-    common = [f"endpoints.policy_servers=[{','.join(SERVERS)}]", "endpoints.replay_buffer=tcp://127.0.0.1:27560",
-              "endpoints.memory_service=tcp://127.0.0.1:27570", f"metrics.base_port={BASE}", f"run_dir={tmp_path}",
-              "env_actor.max_steps=2", "replay_buffer.group_size=2", "replay_buffer.max_open_groups=4",
-              "replay_buffer.max_ready_groups=100", "replay_buffer.p_memory=0", "replay_buffer.variations_per_task=2"]
-    roles = [start_role("actors.policy_server", [*common, f"policy_server.index={i}"], f"policy_server{i}") for i in range(2)]
-    roles += [start_role("learner.replay_buffer", common, "replay_buffer"), start_role("memory_service.service", common, "memory_service")]
-    actors = [start_role("actors.env_actor", [*common, f"env_actor.index={j}", f"env_actor.envs_per_actor={2 if j == 0 else 1}"], f"env_actor{j}")
-              for j in range(3)]
+    common = [
+        f"endpoints.policy_servers=[{','.join(SERVERS)}]",
+        "endpoints.replay_buffer=tcp://127.0.0.1:27560",
+        "endpoints.memory_service=tcp://127.0.0.1:27570",
+        f"metrics.base_port={BASE}",
+        f"run_dir={tmp_path}",
+        "env_actor.max_steps=2",
+        "replay_buffer.group_size=2",
+        "replay_buffer.max_open_groups=4",
+        "replay_buffer.max_ready_groups=100",
+        "replay_buffer.p_memory=0",
+        "replay_buffer.variations_per_task=2",
+    ]
+    roles = [
+        start_role("actors.policy_server", [*common, f"policy_server.index={i}"], f"policy_server{i}") for i in range(2)
+    ]
+    roles += [
+        start_role("replay_buffer.service", common, "replay_buffer"),
+        start_role("memory_service.service", common, "memory_service"),
+    ]
+    actors = [
+        start_role(
+            "actors.env_actor",
+            [*common, f"env_actor.index={j}", f"env_actor.envs_per_actor={2 if j == 0 else 1}"],
+            f"env_actor{j}",
+        )
+        for j in range(3)
+    ]
     roles += actors
     deadline = time.monotonic() + 900
     while total(scrape("127.0.0.1", BASE + 10), "empo2_replay_buffer_trajectories_accepted_total") < 8:
@@ -37,7 +58,9 @@ def test_two_servers_three_actors(start_role, tmp_path):
     finished = sum(total(scrape("127.0.0.1", BASE + 20 + j), "empo2_env_actor_episodes_total") for j in range(3))
     accepted = total(scrape("127.0.0.1", BASE + 10), "empo2_replay_buffer_trajectories_accepted_total")
     for i in range(2):  # both servers generated
-        assert total(scrape("127.0.0.1", BASE + i), "empo2_policy_server_generated_tokens_total") > 0, f"server {i} got no traffic"
+        assert total(scrape("127.0.0.1", BASE + i), "empo2_policy_server_generated_tokens_total") > 0, (
+            f"server {i} got no traffic"
+        )
     per_actor = [total(scrape("127.0.0.1", BASE + 20 + j), "empo2_env_actor_episodes_total") for j in range(3)]
     assert all(n > 0 for n in per_actor), per_actor
     assert accepted >= finished  # nothing an actor counted as delivered is missing

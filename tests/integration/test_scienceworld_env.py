@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from actors.env_actor import open_episode_runner
-from actors.scienceworld_env import most_similar_action
-from common.config import load_config
+from common.scienceworld import most_similar_action
+from pipeline.config import load_config
 from protocol.messages import ON_POLICY, Assignment, GenerateResponse
 
 pytestmark = pytest.mark.integration
@@ -45,8 +45,14 @@ def test_invalid_text_maps_to_a_valid_action_of_the_live_state(runner):
 
 
 def _look_around(prompt_ids: np.ndarray, seed: int) -> GenerateResponse:
-    return GenerateResponse(request_id="r", token_ids=np.array([1, 2], np.int32), logprobs=np.array([-0.1, -0.2], np.float32),
-                            text="look around please", policy_version=0, finish_reason="stop")
+    return GenerateResponse(
+        request_id="r",
+        token_ids=np.array([1, 2], np.int32),
+        logprobs=np.array([-0.1, -0.2], np.float32),
+        text="look around please",
+        policy_version=0,
+        finish_reason="stop",
+    )
 
 
 @pytest.mark.parametrize("task, turns", [("find-plant", 2), ("find-living-thing", 3)])

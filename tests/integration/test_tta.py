@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.scienceworld_env import ScienceWorld
+from common.scienceworld import ScienceWorld
 from tests.integration.conftest import REPO
 
 pytestmark = pytest.mark.integration
@@ -41,13 +41,25 @@ def _sessions_alive(sids: list[int]) -> list[str]:
 
 
 def test_tta_two_trials_memory_grows(tmp_path):
-    overrides = ["+profile=e2e", f"run_dir={tmp_path}", "tta.trials=2", f"tta.tasks=[{TASK}]", "tta.variations=1",
-                 "env_actor.max_steps=2"]
+    overrides = [
+        "+profile=e2e",
+        f"run_dir={tmp_path}",
+        "tta.trials=2",
+        f"tta.tasks=[{TASK}]",
+        "tta.variations=1",
+        "env_actor.max_steps=2",
+    ]
     out_path = tmp_path / "tta.out"
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
     with open(out_path, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "memory_service.tta", *overrides], cwd=REPO, stdout=out,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "evaluation.tta", *overrides],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     try:
         rc = proc.wait(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -1,4 +1,4 @@
-"""Generated text -> ScienceWorld action (actors/scienceworld_env.py: clean_action, most_similar_action).
+"""Generated text -> ScienceWorld action (common/scienceworld.py: clean_action, most_similar_action).
 
 Only the pure functions are imported; the ScienceWorld class (a JVM) is never instantiated.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.scienceworld_env import clean_action, most_similar_action
+from common.scienceworld import clean_action, most_similar_action
 
 VALID = ["look around", "open door to kitchen", "go to kitchen", "pick up apple", "pick up banana", "focus on apple"]
 

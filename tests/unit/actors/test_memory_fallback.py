@@ -10,7 +10,7 @@ import time
 import zmq
 
 from actors.env_actor import ActorProcess
-from common.config import load_config
+from pipeline.config import load_config
 from protocol import bind_router, recv_request, send_reply
 from protocol.messages import MemoryResult
 
@@ -23,7 +23,9 @@ def _free_port() -> int:
 
 def test_memory_down_falls_back_then_recovers():
     endpoint = f"tcp://127.0.0.1:{_free_port()}"
-    cfg = load_config([f"endpoints.memory_service={endpoint}", "env_actor.memory_timeout_s=0.3", "env_actor.memory_retry_after_s=1.0"])
+    cfg = load_config(
+        [f"endpoints.memory_service={endpoint}", "env_actor.memory_timeout_s=0.3", "env_actor.memory_retry_after_s=1.0"]
+    )
     actor = ActorProcess(cfg)
 
     t0 = time.monotonic()
@@ -36,9 +38,11 @@ def test_memory_down_falls_back_then_recovers():
 
     ctx = zmq.Context.instance()
     server = bind_router(ctx, endpoint)
+
     def serve_one():
         request = recv_request(server)
         send_reply(server, request.identity, MemoryResult(tips=["try the kitchen"], scores=[50.0], count=1))
+
     thread = threading.Thread(target=serve_one)
     thread.start()
     try:
@@ -55,8 +59,13 @@ def test_episode_reports_skip_a_down_memory_service():
     once (counted) instead of each waiting out the timeout."""
     from types import SimpleNamespace
 
-    cfg = load_config([f"endpoints.memory_service=tcp://127.0.0.1:{_free_port()}", "env_actor.memory_timeout_s=0.3",
-                       "env_actor.memory_retry_after_s=30"])
+    cfg = load_config(
+        [
+            f"endpoints.memory_service=tcp://127.0.0.1:{_free_port()}",
+            "env_actor.memory_timeout_s=0.3",
+            "env_actor.memory_retry_after_s=30",
+        ]
+    )
     actor = ActorProcess(cfg)
     episode = SimpleNamespace(episode_id="e", task="t", variation=0, score=0.0, observations=["o"], actions=["a"])
     try:

@@ -50,8 +50,13 @@ class TinyModel(nn.Module):
 
 def hf_tensors(seed: int = 0) -> list[tuple[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    shapes = {"model.embed_tokens.weight": (10, 4), "model.attn.q_proj.weight": (4, 4), "model.attn.k_proj.weight": (2, 4),
-              "model.attn.v_proj.weight": (2, 4), "model.norm.weight": (4,)}
+    shapes = {
+        "model.embed_tokens.weight": (10, 4),
+        "model.attn.q_proj.weight": (4, 4),
+        "model.attn.k_proj.weight": (2, 4),
+        "model.attn.v_proj.weight": (2, 4),
+        "model.norm.weight": (4,),
+    }
     return [(name, torch.randn(*shape, generator=g)) for name, shape in shapes.items()]
 
 

@@ -117,7 +117,10 @@ def test_history_window_larger_than_history_keeps_all(tokenizer):
 
 
 def test_history_window_zero_and_empty_history_have_no_history_section(tokenizer):
-    for builder, history in ((PromptBuilder(tokenizer, history_window=0), HISTORY), (PromptBuilder(tokenizer, history_window=4), [])):
+    for builder, history in (
+        (PromptBuilder(tokenizer, history_window=0), HISTORY),
+        (PromptBuilder(tokenizer, history_window=4), []),
+    ):
         p = builder.build(TASK, history, STATE, [])
         assert "Your most recent actions" not in p.text
         assert "> " not in p.text

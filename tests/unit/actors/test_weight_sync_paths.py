@@ -63,16 +63,26 @@ def test_nccl_control_plane_carries_vllm_payloads():
             msg = request.message
             received.append(msg)
             version = getattr(msg, "version", 0)
-            send_reply(server, request.identity, WeightUpdateAck(version=version, chunk_index=0, applied=isinstance(msg, NcclTransferUpdate)))
+            send_reply(
+                server,
+                request.identity,
+                WeightUpdateAck(version=version, chunk_index=0, applied=isinstance(msg, NcclTransferUpdate)),
+            )
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     client = ZmqWeightSyncClient(Client(ctx, endpoint, timeout_s=10), timeout_s=10)
-    init = NCCLWeightTransferInitInfo(master_address="10.1.2.3", master_port=29600, rank_offset=1, world_size=3, packed=True)
+    init = NCCLWeightTransferInitInfo(
+        master_address="10.1.2.3", master_port=29600, rank_offset=1, world_size=3, packed=True
+    )
     client.init_weight_transfer_engine(worker_init_payload(init))
     client.version = 7
     client.start_weight_update()
-    client.update_weights(asdict(NCCLWeightTransferUpdateInfo(names=["a", "b"], dtype_names=["bfloat16", "float32"], shapes=[[2, 3], [4]])))
+    client.update_weights(
+        asdict(
+            NCCLWeightTransferUpdateInfo(names=["a", "b"], dtype_names=["bfloat16", "float32"], shapes=[[2, 3], [4]])
+        )
+    )
     client.finish_weight_update()
     thread.join(10)
     server.close()
@@ -94,7 +104,13 @@ class _SlowEngine:
         self.started.append(request_id)
         for _ in range(self.ticks):
             await asyncio.sleep(0.01)
-            yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1], logprobs=[{1: SimpleNamespace(logprob=-0.5)}], text="x", finish_reason="stop")])
+            yield SimpleNamespace(
+                outputs=[
+                    SimpleNamespace(
+                        token_ids=[1], logprobs=[{1: SimpleNamespace(logprob=-0.5)}], text="x", finish_reason="stop"
+                    )
+                ]
+            )
 
     async def reset_prefix_cache(self):
         pass

@@ -11,9 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.config import MetricsConfig
-from common.metrics import EnvActorMetrics, LearnerMetrics, MemoryServiceMetrics, PolicyServerMetrics, ReplayBufferMetrics
+from common.metrics import (
+    EnvActorMetrics,
+    LearnerMetrics,
+    MemoryServiceMetrics,
+    PolicyServerMetrics,
+    ReplayBufferMetrics,
+)
 from deploy.monitoring.make_dashboard import dashboard
+from pipeline.config import MetricsConfig
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 

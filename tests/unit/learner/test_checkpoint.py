@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from tokenizers import Tokenizer, models
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from learner.checkpoint import list_checkpoints, load_trainer_state, save_checkpoint
 from learner.config import LearnerConfig
@@ -22,13 +22,23 @@ CFG = LearnerConfig(lr=1e-2, lr_schedule="cosine", warmup_steps=2, total_steps=5
 
 def _model() -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
     return LlamaForCausalLM(config)
 
 
 def _tokenizer() -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    )
 
 
 def _samples(step: int) -> list[TurnSample]:
@@ -37,7 +47,9 @@ def _samples(step: int) -> list[TurnSample]:
     for i in range(3):
         prompt = rng.integers(0, 32, 6).astype(np.int32)
         response = rng.integers(0, 32, 3).astype(np.int32)
-        out.append(TurnSample(prompt, prompt, response, np.full(3, -3.5, np.float32), float(i - 1), ON_POLICY, step, False))
+        out.append(
+            TurnSample(prompt, prompt, response, np.full(3, -3.5, np.float32), float(i - 1), ON_POLICY, step, False)
+        )
     return out
 
 
@@ -46,7 +58,14 @@ def test_resumed_step_equals_uninterrupted_step(tmp_path, k):
     model = _model()
     optimizer, scheduler = build_optimizer(model.parameters(), CFG)
     lrs = [train_step(model, optimizer, _samples(step), CFG, step, scheduler=scheduler).lr for step in range(k)]
-    save_checkpoint(tmp_path, k, model, _tokenizer(), {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, keep_last=2)
+    save_checkpoint(
+        tmp_path,
+        k,
+        model,
+        _tokenizer(),
+        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
+        keep_last=2,
+    )
     uninterrupted = train_step(model, optimizer, _samples(k), CFG, version=k, scheduler=scheduler)
     assert uninterrupted.lr != lrs[-1]  # the schedule moves at the resumed step (warm-up at k=1, decay at k=3)
 
@@ -66,6 +85,13 @@ def test_retention_keeps_the_newest_complete_checkpoints(tmp_path):
     model = _model()
     optimizer, scheduler = build_optimizer(model.parameters(), CFG)
     for version in (1, 2, 3, 4):
-        save_checkpoint(tmp_path, version, model, _tokenizer(), {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, keep_last=2)
+        save_checkpoint(
+            tmp_path,
+            version,
+            model,
+            _tokenizer(),
+            {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
+            keep_last=2,
+        )
     (tmp_path / "step_000009").mkdir()  # incomplete (no trainer state): never listed
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000003", "step_000004"]

@@ -13,12 +13,25 @@ from protocol.messages import ON_POLICY, ON_POLICY_TIPS, Trajectory
 def _traj(observations, score, mode=ON_POLICY, num_memories=None) -> Trajectory:
     n = len(observations)
     return Trajectory(
-        episode_id=f"e{score}{n}", group_id="g", slot=0, actor_id="a", task="t", variation=0, mode=mode, score=score, done=True,
-        prompt_token_ids=np.arange(2 * n, dtype=np.int32), prompt_offsets=np.arange(0, 2 * n + 1, 2, dtype=np.int64),
-        response_token_ids=np.arange(n, dtype=np.int32), response_offsets=np.arange(n + 1, dtype=np.int64),
-        behaviour_logprobs=np.zeros(n, np.float32), tip_spans=np.zeros((0, 3), np.int32),
-        policy_versions=np.zeros(n, np.int32), num_memories=np.asarray(num_memories or [0] * n, np.int32),
-        observations=list(observations), actions=["look around"] * n,
+        episode_id=f"e{score}{n}",
+        group_id="g",
+        slot=0,
+        actor_id="a",
+        task="t",
+        variation=0,
+        mode=mode,
+        score=score,
+        done=True,
+        prompt_token_ids=np.arange(2 * n, dtype=np.int32),
+        prompt_offsets=np.arange(0, 2 * n + 1, 2, dtype=np.int64),
+        response_token_ids=np.arange(n, dtype=np.int32),
+        response_offsets=np.arange(n + 1, dtype=np.int64),
+        behaviour_logprobs=np.zeros(n, np.float32),
+        tip_spans=np.zeros((0, 3), np.int32),
+        policy_versions=np.zeros(n, np.int32),
+        num_memories=np.asarray(num_memories or [0] * n, np.int32),
+        observations=list(observations),
+        actions=["look around"] * n,
     )
 
 
@@ -59,6 +72,8 @@ def test_gigpo_adds_the_weighted_step_advantage_to_grpo():
     # turn rewards A: [1, 1], B: [0, 0, 0] -> pooled mean 0.4, std sqrt(0.24) = 0.489898
     np.testing.assert_allclose(grpo[0], [1.224745, 1.224745], atol=1e-5)
     np.testing.assert_allclose(grpo[1], [-0.816497] * 3, atol=1e-5)
-    gigpo = group_turn_advantages([A, B], 0.01, CountBonus(1.0)([A, B]), 1e-9, GiGPO(gamma=0.95, step_weight=0.5, norm="std"))
+    gigpo = group_turn_advantages(
+        [A, B], 0.01, CountBonus(1.0)([A, B]), 1e-9, GiGPO(gamma=0.95, step_weight=0.5, norm="std")
+    )
     np.testing.assert_allclose(gigpo[0], [1.224745 + 0.5, 1.224745], atol=1e-5)
     np.testing.assert_allclose(gigpo[1], [-0.816497 - 0.5, -0.816497, -0.816497], atol=1e-5)

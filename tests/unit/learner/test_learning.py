@@ -24,13 +24,24 @@ GOOD, BAD = np.array([3], dtype=np.int32), np.array([4], dtype=np.int32)
 
 def _model() -> LlamaForCausalLM:
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+    )
 
 
 def _logp(model, prompt: np.ndarray, action: np.ndarray) -> np.ndarray:
     with torch.no_grad():
-        return response_logprobs(model, torch.from_numpy(prompt.astype(np.int64)), torch.from_numpy(action.astype(np.int64))).numpy()
+        return response_logprobs(
+            model, torch.from_numpy(prompt.astype(np.int64)), torch.from_numpy(action.astype(np.int64))
+        ).numpy()
 
 
 def _episode(model, mode: str, action: np.ndarray, score: float, slot: int, version: int) -> Trajectory:
@@ -38,12 +49,25 @@ def _episode(model, mode: str, action: np.ndarray, score: float, slot: int, vers
     prompt = np.concatenate([PROMPT[:2], TIP, PROMPT[2:]]) if with_tips else PROMPT
     spans = np.array([[0, 2, 2 + len(TIP)]], np.int32) if with_tips else np.zeros((0, 3), np.int32)
     return Trajectory(
-        episode_id=f"{version}-{slot}", group_id=f"g{version}", slot=slot, actor_id="a", task="t", variation=0, mode=mode,
-        score=score, done=True, prompt_token_ids=prompt, prompt_offsets=np.array([0, len(prompt)]),
-        response_token_ids=action, response_offsets=np.array([0, 1]),
+        episode_id=f"{version}-{slot}",
+        group_id=f"g{version}",
+        slot=slot,
+        actor_id="a",
+        task="t",
+        variation=0,
+        mode=mode,
+        score=score,
+        done=True,
+        prompt_token_ids=prompt,
+        prompt_offsets=np.array([0, len(prompt)]),
+        response_token_ids=action,
+        response_offsets=np.array([0, 1]),
         behaviour_logprobs=_logp(model, prompt, action).astype(np.float32),  # what the server would return
-        tip_spans=spans, policy_versions=np.array([version], np.int32), num_memories=np.array([1], np.int32),
-        observations=["the same state"], actions=["good" if action is GOOD else "bad"],
+        tip_spans=spans,
+        policy_versions=np.array([version], np.int32),
+        num_memories=np.array([1], np.int32),
+        observations=["the same state"],
+        actions=["good" if action is GOOD else "bad"],
     )
 
 
@@ -56,8 +80,12 @@ def test_rewarded_action_becomes_more_likely(preset):
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     before = float(np.exp(_logp(model, PROMPT, GOOD))[0])  # evaluated WITHOUT tips, as EMPO2 is
     for version in range(4):
-        group = [_episode(model, mode, GOOD, 100.0, 0, version), _episode(model, mode, BAD, 0.0, 1, version),
-                 _episode(model, mode, GOOD, 100.0, 2, version), _episode(model, mode, BAD, 0.0, 3, version)]
+        group = [
+            _episode(model, mode, GOOD, 100.0, 0, version),
+            _episode(model, mode, BAD, 0.0, 1, version),
+            _episode(model, mode, GOOD, 100.0, 2, version),
+            _episode(model, mode, BAD, 0.0, 3, version),
+        ]
         stats = train_step(model, optimizer, build_samples(group, 0.01, CountBonus(1.0), 1e-6, gigpo), cfg, version)
         assert stats.tokens == 4
     after = float(np.exp(_logp(model, PROMPT, GOOD))[0])

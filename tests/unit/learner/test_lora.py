@@ -15,18 +15,37 @@ from learner.train import Trainer
 from learner.weight_push import weight_tensors
 from tests.integration.test_learner_fsdp import _trajectories
 
-CFG = LearnerConfig(lr=1e-2, total_steps=4, lora_rank=4, lora_alpha=8.0, lora_targets=["q_proj", "v_proj"], device="cpu",
-                    low_prob_threshold=None)
+CFG = LearnerConfig(
+    lr=1e-2,
+    total_steps=4,
+    lora_rank=4,
+    lora_alpha=8.0,
+    lora_targets=["q_proj", "v_proj"],
+    device="cpu",
+    low_prob_threshold=None,
+)
 
 
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("base")
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True,
-                                 initializer_range=0.2)).save_pretrained(path)
-    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))).save_pretrained(path)
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=40,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=True,
+            initializer_range=0.2,
+        )
+    ).save_pretrained(path)
+    PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    ).save_pretrained(path)
     return str(path)
 
 
@@ -43,10 +62,14 @@ def test_only_adapters_train_and_only_they_are_pushed(base_dir):
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(".lora_A." in k or ".lora_B." in k for k in changed)
     pushed = dict(weight_tensors(trainer.model, trainer.full_weights()))
-    assert set(pushed) == {f"model.layers.{i}.self_attn.{m}.lora_{x}.weight" for i in (0, 1) for m in ("q_proj", "v_proj") for x in "AB"}
+    assert set(pushed) == {
+        f"model.layers.{i}.self_attn.{m}.lora_{x}.weight" for i in (0, 1) for m in ("q_proj", "v_proj") for x in "AB"
+    }
     for name, t in pushed.items():
         layer, module = name.split(".")[2], name.split(".")[4]
-        torch.testing.assert_close(t, after[f"base_model.model.model.layers.{layer}.self_attn.{module}.{name.split('.')[5]}.default.weight"])
+        torch.testing.assert_close(
+            t, after[f"base_model.model.model.layers.{layer}.self_attn.{module}.{name.split('.')[5]}.default.weight"]
+        )
 
 
 def test_checkpoint_is_the_merged_policy_and_resumes_the_adapter(base_dir, tmp_path):
@@ -58,7 +81,9 @@ def test_checkpoint_is_the_merged_policy_and_resumes_the_adapter(base_dir, tmp_p
     merged = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)  # a plain HF model: what vLLM would load
     prompt, response = torch.tensor([3, 7, 11, 5]), torch.tensor([9, 2])
     with torch.no_grad():
-        torch.testing.assert_close(response_logprobs(merged, prompt, response), response_logprobs(trainer.scorer, prompt, response))
+        torch.testing.assert_close(
+            response_logprobs(merged, prompt, response), response_logprobs(trainer.scorer, prompt, response)
+        )
     trainer.step(_trajectories(2))
     resumed = Trainer(CFG, base_dir, seed=0, resume_from=path)  # the base model plus the adapter state
     assert resumed.version == 2

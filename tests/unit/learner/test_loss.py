@@ -204,9 +204,15 @@ def tiny_model():
 
     torch.manual_seed(1234)
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, intermediate_size=32, tie_word_embeddings=False,
-        max_position_embeddings=128, initializer_range=0.2,
+        vocab_size=VOCAB,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=32,
+        tie_word_embeddings=False,
+        max_position_embeddings=128,
+        initializer_range=0.2,
     )
     model = LlamaForCausalLM(config).float()
     model.eval()
@@ -219,7 +225,9 @@ def _sgd(model):
 
 def _logp(model, prompt, response) -> np.ndarray:
     with torch.no_grad():
-        out = response_logprobs(model, torch.from_numpy(prompt.astype(np.int64)), torch.from_numpy(response.astype(np.int64)))
+        out = response_logprobs(
+            model, torch.from_numpy(prompt.astype(np.int64)), torch.from_numpy(response.astype(np.int64))
+        )
     return out.numpy().astype(np.float32)
 
 
@@ -231,9 +239,14 @@ def _prompt_with_tips():
 
 def _sample(update_prompt, tipfree_prompt, response, behaviour, advantage, mode, version, with_tips):
     return TurnSample(
-        update_prompt=update_prompt, tipfree_prompt=tipfree_prompt, response=np.asarray(response, dtype=np.int32),
-        behaviour_logp=np.asarray(behaviour, dtype=np.float32), advantage=advantage, mode=mode,
-        policy_version=version, with_tips=with_tips,
+        update_prompt=update_prompt,
+        tipfree_prompt=tipfree_prompt,
+        response=np.asarray(response, dtype=np.int32),
+        behaviour_logp=np.asarray(behaviour, dtype=np.float32),
+        advantage=advantage,
+        mode=mode,
+        policy_version=version,
+        with_tips=with_tips,
     )
 
 
@@ -379,7 +392,9 @@ def test_logprob_mismatch_only_from_same_version_same_prompt_samples(tiny_model)
     # counted: on-policy, current version, behaviour = true + 0.5
     on = _sample(base, base, r1, _logp(tiny_model, base, r1) + np.float32(0.5), 0.5, ON_POLICY, version, False)
     # counted: on-policy with tips (update prompt == behaviour prompt), behaviour = true - 0.5
-    tips = _sample(with_tips, base, r2, _logp(tiny_model, with_tips, r2) - np.float32(0.5), 0.5, ON_POLICY_TIPS, version, True)
+    tips = _sample(
+        with_tips, base, r2, _logp(tiny_model, with_tips, r2) - np.float32(0.5), 0.5, ON_POLICY_TIPS, version, True
+    )
     # not counted: off-policy with tips (learner scores another prompt), offset 2.0
     off = _sample(base, base, r3, _logp(tiny_model, base, r3) + np.float32(2.0), 0.5, OFF_POLICY, version, True)
     # not counted: an older version, offset 3.0

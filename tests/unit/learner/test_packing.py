@@ -30,9 +30,18 @@ def test_micro_batches_by_hand():
 
 def _model() -> LlamaForCausalLM:
     torch.manual_seed(7)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                        initializer_range=0.2))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            initializer_range=0.2,
+        )
+    )
 
 
 def _samples(model) -> list[TurnSample]:
@@ -45,9 +54,22 @@ def _samples(model) -> list[TurnSample]:
         with_tips = mode != ON_POLICY
         scored = tipfree if mode == OFF_POLICY else prompt
         with torch.no_grad():
-            behaviour = response_logprobs(model, torch.from_numpy(prompt.astype(np.int64)), torch.from_numpy(response.astype(np.int64)))
+            behaviour = response_logprobs(
+                model, torch.from_numpy(prompt.astype(np.int64)), torch.from_numpy(response.astype(np.int64))
+            )
         behaviour = (behaviour.numpy() + rng.normal(0, 0.2, len(response))).astype(np.float32)
-        out.append(TurnSample(scored, tipfree if with_tips else prompt, response, behaviour, float(rng.normal()), mode, 1 + i % 2, with_tips))
+        out.append(
+            TurnSample(
+                scored,
+                tipfree if with_tips else prompt,
+                response,
+                behaviour,
+                float(rng.normal()),
+                mode,
+                1 + i % 2,
+                with_tips,
+            )
+        )
     return out
 
 
@@ -57,8 +79,17 @@ def test_batched_step_equals_one_sample_at_a_time(ratio):
     samples = _samples(base)
     # a threshold between the tip samples' tip-free minima: some are masked, some kept
     with torch.no_grad():
-        minima = sorted(float(response_logprobs(base, torch.from_numpy(s.tipfree_prompt.astype(np.int64)),
-                                                torch.from_numpy(s.response.astype(np.int64))).min()) for s in samples if s.with_tips)
+        minima = sorted(
+            float(
+                response_logprobs(
+                    base,
+                    torch.from_numpy(s.tipfree_prompt.astype(np.int64)),
+                    torch.from_numpy(s.response.astype(np.int64)),
+                ).min()
+            )
+            for s in samples
+            if s.with_tips
+        )
         ref = copy.deepcopy(base).requires_grad_(False)
         for p in ref.parameters():  # the reference differs from the policy, so the KL term has a gradient
             p.add_(0.05 * torch.randn_like(p))
@@ -66,8 +97,14 @@ def test_batched_step_equals_one_sample_at_a_time(ratio):
     results = {}
     for budget in (1, 64, 4096):
         model = copy.deepcopy(base)
-        cfg = LearnerConfig(micro_batch_tokens=budget, low_prob_threshold=threshold, entropy_coef=0.01, kl_coef=0.1,
-                            ratio=ratio, max_grad_norm=1e9)
+        cfg = LearnerConfig(
+            micro_batch_tokens=budget,
+            low_prob_threshold=threshold,
+            entropy_coef=0.01,
+            kl_coef=0.1,
+            ratio=ratio,
+            max_grad_norm=1e9,
+        )
         optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
         stats = train_step(model, optimizer, samples, cfg, version=1, ref_model=ref)
         results[budget] = (stats, {n: p.grad.clone() for n, p in model.named_parameters()}, model.state_dict())
@@ -75,8 +112,18 @@ def test_batched_step_equals_one_sample_at_a_time(ratio):
     assert 0 < one.samples_masked < 6 and one.kl_mean > 0 and one.entropy_mean > 0
     for budget in (64, 4096):
         stats, grads, weights = results[budget]
-        for field in ("loss", "tokens", "samples_masked", "ratio_mean", "ratio_max", "clip_fraction", "entropy_mean", "kl_mean",
-                      "logprob_mismatch_mean_nats", "mismatch_tokens"):
+        for field in (
+            "loss",
+            "tokens",
+            "samples_masked",
+            "ratio_mean",
+            "ratio_max",
+            "clip_fraction",
+            "entropy_mean",
+            "kl_mean",
+            "logprob_mismatch_mean_nats",
+            "mismatch_tokens",
+        ):
             assert getattr(stats, field) == pytest.approx(getattr(one, field), rel=1e-5, abs=1e-6), field
         for name, g in grads.items():
             torch.testing.assert_close(g, results[1][1][name], rtol=1e-4, atol=1e-6, msg=name)

@@ -14,7 +14,9 @@ from learner.rnd import RNDBonus, observation_features
 from learner.samples import build_samples
 from protocol.messages import ON_POLICY, Trajectory
 
-CFG = LearnerConfig(intrinsic_kind="rnd", intrinsic_coef=0.5, rnd_feature_dim=256, rnd_hidden=64, rnd_output_dim=16, rnd_lr=1e-2)
+CFG = LearnerConfig(
+    intrinsic_kind="rnd", intrinsic_coef=0.5, rnd_feature_dim=256, rnd_hidden=64, rnd_output_dim=16, rnd_lr=1e-2
+)
 SEEN = "You are in the kitchen. You see a fridge, a sink and a door to the hallway."
 NOVEL = "This room is called the greenhouse. In it, you see a bee hive and a flower pot with a seed."
 
@@ -22,12 +24,25 @@ NOVEL = "This room is called the greenhouse. In it, you see a bee hive and a flo
 def _traj(observations: list[str], slot: int = 0, score: float = 0.0, mode: str = ON_POLICY) -> Trajectory:
     n = len(observations)
     return Trajectory(
-        episode_id=f"e{slot}", group_id="g", slot=slot, actor_id="a", task="t", variation=0, mode=mode, score=score, done=True,
-        prompt_token_ids=np.arange(2 * n, dtype=np.int32), prompt_offsets=np.arange(0, 2 * n + 1, 2, dtype=np.int64),
-        response_token_ids=np.arange(n, dtype=np.int32), response_offsets=np.arange(n + 1, dtype=np.int64),
-        behaviour_logprobs=np.zeros(n, np.float32), tip_spans=np.zeros((0, 3), np.int32),
-        policy_versions=np.zeros(n, np.int32), num_memories=np.zeros(n, np.int32),
-        observations=observations, actions=["look around"] * n,
+        episode_id=f"e{slot}",
+        group_id="g",
+        slot=slot,
+        actor_id="a",
+        task="t",
+        variation=0,
+        mode=mode,
+        score=score,
+        done=True,
+        prompt_token_ids=np.arange(2 * n, dtype=np.int32),
+        prompt_offsets=np.arange(0, 2 * n + 1, 2, dtype=np.int64),
+        response_token_ids=np.arange(n, dtype=np.int32),
+        response_offsets=np.arange(n + 1, dtype=np.int64),
+        behaviour_logprobs=np.zeros(n, np.float32),
+        tip_spans=np.zeros((0, 3), np.int32),
+        policy_versions=np.zeros(n, np.int32),
+        num_memories=np.zeros(n, np.int32),
+        observations=observations,
+        actions=["look around"] * n,
     )
 
 
@@ -61,9 +76,19 @@ def test_checkpoint_round_trip(tmp_path):
     from tokenizers import Tokenizer, models
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
-                                         num_attention_heads=1, num_key_value_heads=1))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=8,
+            hidden_size=8,
+            intermediate_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+        )
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    )
     rnd = RNDBonus(CFG, seed=0)
     batches = [[_traj([SEEN, NOVEL])], [_traj([NOVEL, "a third room"])]]
     rnd(batches[0])

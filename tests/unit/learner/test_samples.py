@@ -16,8 +16,15 @@ def _traj(group_id, mode, score, turns, slot=0, versions=None, num_memories=None
     responses = [np.asarray(t[2], dtype=np.int32) for t in turns]
     n = len(turns)
     traj = Trajectory(
-        episode_id=f"{group_id}-{slot}", group_id=group_id, slot=slot, actor_id="actor-0",
-        task="find-living-thing", variation=0, mode=mode, score=score, done=True,
+        episode_id=f"{group_id}-{slot}",
+        group_id=group_id,
+        slot=slot,
+        actor_id="actor-0",
+        task="find-living-thing",
+        variation=0,
+        mode=mode,
+        score=score,
+        done=True,
         prompt_token_ids=np.concatenate(prompts),
         prompt_offsets=np.concatenate([[0], np.cumsum([len(p) for p in prompts])]).astype(np.int64),
         response_token_ids=np.concatenate(responses),
@@ -26,7 +33,8 @@ def _traj(group_id, mode, score, turns, slot=0, versions=None, num_memories=None
         tip_spans=np.asarray([(i, s, e) for i, t in enumerate(turns) for s, e in t[1]], dtype=np.int32).reshape(-1, 3),
         policy_versions=np.asarray(versions if versions is not None else [0] * n, dtype=np.int32),
         num_memories=np.asarray(num_memories if num_memories is not None else [0] * n, dtype=np.int32),
-        observations=[f"obs {i}" for i in range(n)], actions=["look around"] * n,
+        observations=[f"obs {i}" for i in range(n)],
+        actions=["look around"] * n,
     )
     traj.validate()
     return traj
@@ -64,10 +72,18 @@ def test_remove_spans_does_not_modify_input():
 
 def _off_policy_traj(group_id="g", score=100.0, slot=0):
     # turn 0: tip block [40, 41] at positions 3..5 ; turn 1: tip block [42, 43, 44] at 5..8
-    return _traj(group_id, OFF_POLICY, score, [
-        ([1, 2, 3, 40, 41, 4], [(3, 5)], [7, 8], [-0.5, -0.25]),
-        ([1, 2, 3, 4, 5, 42, 43, 44], [(5, 8)], [9], [-1.5]),
-    ], slot=slot, versions=[3, 4], num_memories=[2, 3])
+    return _traj(
+        group_id,
+        OFF_POLICY,
+        score,
+        [
+            ([1, 2, 3, 40, 41, 4], [(3, 5)], [7, 8], [-0.5, -0.25]),
+            ([1, 2, 3, 4, 5, 42, 43, 44], [(5, 8)], [9], [-1.5]),
+        ],
+        slot=slot,
+        versions=[3, 4],
+        num_memories=[2, 3],
+    )
 
 
 def test_one_sample_per_turn_with_its_response_and_behaviour():
@@ -114,10 +130,16 @@ def test_on_policy_has_no_spans_and_identical_prompts():
 
 def test_tip_mode_turn_without_retrieved_tips_has_with_tips_false():
     # turn 1: retrieval returned nothing, so no span
-    traj = _traj("g", ON_POLICY_TIPS, 0.0, [
-        ([1, 2, 40, 3], [(2, 3)], [7], [-0.1]),
-        ([1, 2, 3, 4], [], [8], [-0.2]),
-    ], num_memories=[1, 0])
+    traj = _traj(
+        "g",
+        ON_POLICY_TIPS,
+        0.0,
+        [
+            ([1, 2, 40, 3], [(2, 3)], [7], [-0.1]),
+            ([1, 2, 3, 4], [], [8], [-0.2]),
+        ],
+        num_memories=[1, 0],
+    )
     s0, s1 = build_samples([traj], score_scale=0.01, intrinsic=CountBonus(1.0), eps=1e-6)
     assert s0.with_tips is True
     assert s1.with_tips is False
@@ -180,18 +202,27 @@ def test_advantages_normalised_within_each_group_separately():
 def test_advantages_include_intrinsic_reward_per_turn():
     # off-policy group of one episode with two turns: score 0, n = [0, 1] -> rewards [1.0, 0.5]
     # mean 0.75, std 0.25 -> advantages [+1, -1]
-    traj = _traj("g", OFF_POLICY, 0.0, [
-        ([1, 40, 2], [(1, 2)], [7], [-0.1]),
-        ([1, 2, 41], [(2, 3)], [8], [-0.1]),
-    ], num_memories=[0, 1])
+    traj = _traj(
+        "g",
+        OFF_POLICY,
+        0.0,
+        [
+            ([1, 40, 2], [(1, 2)], [7], [-0.1]),
+            ([1, 2, 41], [(2, 3)], [8], [-0.1]),
+        ],
+        num_memories=[0, 1],
+    )
     s0, s1 = build_samples([traj], score_scale=0.01, intrinsic=CountBonus(1.0), eps=0.0)
     assert s0.advantage == pytest.approx(1.0, abs=1e-9)
     assert s1.advantage == pytest.approx(-1.0, abs=1e-9)
 
 
 def test_mixed_mode_batch_sample_count_and_prompts():
-    trajs = [_off_policy_traj("g1", 100.0, 0), _off_policy_traj("g1", 0.0, 1),
-             _traj("g2", ON_POLICY, 10.0, [([5, 6], [], [7], [-0.2])])]
+    trajs = [
+        _off_policy_traj("g1", 100.0, 0),
+        _off_policy_traj("g1", 0.0, 1),
+        _traj("g2", ON_POLICY, 10.0, [([5, 6], [], [7], [-0.2])]),
+    ]
     samples = build_samples(trajs, score_scale=0.01, intrinsic=CountBonus(1.0), eps=1e-6)
     assert len(samples) == 2 + 2 + 1
     on = [s for s in samples if s.mode == ON_POLICY]

@@ -6,8 +6,15 @@ from memory_service.config import MemoryServiceConfig
 from memory_service.service import reflection_messages, tip_text
 from protocol.messages import EpisodeReport
 
-REPORT = EpisodeReport(episode_id="e", task="find-animal", variation=0, task_description="Find an animal.", score=25.0,
-                       observations=["hallway", "kitchen", "garden"], actions=["go kitchen", "go garden", "focus on bee"])
+REPORT = EpisodeReport(
+    episode_id="e",
+    task="find-animal",
+    variation=0,
+    task_description="Find an animal.",
+    score=25.0,
+    observations=["hallway", "kitchen", "garden"],
+    actions=["go kitchen", "go garden", "focus on bee"],
+)
 
 
 def test_default_prompt_shows_task_steps_score_and_instruction():
@@ -29,5 +36,7 @@ def test_prompt_comes_from_config():
 
 
 def test_tip_names_the_action_and_the_final_score():
-    assert tip_text("  Look in the garden first. ", "go garden", 25.0) == \
-        "Look in the garden first. The action you took was go garden; eventually you got score 25/100."
+    assert (
+        tip_text("  Look in the garden first. ", "go garden", 25.0)
+        == "Look in the garden first. The action you took was go garden; eventually you got score 25/100."
+    )

@@ -242,7 +242,7 @@ def test_a_new_store_on_the_same_file_restores_every_accepted_entry(open_store):
     store = open_store()
     rng = np.random.default_rng(0)
     keys = ["boil/1", "boil/2", "*"]
-    for k_index, key in enumerate(keys):
+    for key in keys:
         raw = rng.normal(size=(6, 4)).astype(np.float32)
         vectors = raw / np.linalg.norm(raw, axis=1, keepdims=True)
         entries = [Entry(f"{key} tip {i}", float(rng.integers(0, 100)), f"{key} state {i}") for i in range(6)]

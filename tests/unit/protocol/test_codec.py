@@ -36,6 +36,8 @@ from protocol.messages import (
     GenerateResponse,
     MemoryQuery,
     MemoryResult,
+    NcclTransferInit,
+    NcclTransferUpdate,
     Ping,
     Pong,
     TensorMeta,
@@ -43,8 +45,6 @@ from protocol.messages import (
     Wait,
     WeightChunk,
     WeightFile,
-    NcclTransferInit,
-    NcclTransferUpdate,
     WeightUpdateAck,
 )
 from protocol.weight_file import weights_checksum
@@ -133,20 +133,23 @@ SAMPLES: dict[str, callable] = {
     "weight_update_ack": lambda: WeightUpdateAck(version=3, chunk_index=1, applied=True, apply_seconds=1.5),
     "weight_file": lambda: WeightFile(version=4, path="/dev/shm/empo2-weights-1-v4.safetensors", checksum="ab" * 16),
     "nccl_transfer_init": lambda: NcclTransferInit(
-        master_address="10.0.0.1", master_port=29600, rank_offset=1, world_size=3, packed=True,
-        packed_buffer_size_bytes=1 << 30, packed_num_buffers=2,
+        master_address="10.0.0.1",
+        master_port=29600,
+        rank_offset=1,
+        world_size=3,
+        packed=True,
+        packed_buffer_size_bytes=1 << 30,
+        packed_num_buffers=2,
     ),
     "nccl_transfer_update": lambda: NcclTransferUpdate(
-        version=5, names=["model.embed_tokens.weight", "model.norm.weight"], dtype_names=["bfloat16", "float32"],
+        version=5,
+        names=["model.embed_tokens.weight", "model.norm.weight"],
+        dtype_names=["bfloat16", "float32"],
         shapes=[[49152, 576], [576]],
     ),
     "assignment_request": lambda: AssignmentRequest(actor_id="actor-1"),
-    "assignment": lambda: Assignment(
-        group_id="g1", slot=3, task="boil", variation=11, mode=OFF_POLICY, seed=2**31 - 1
-    ),
-    "trajectory": lambda: make_trajectory(
-        mode=ON_POLICY_TIPS, tip_spans=np.array([[0, 1, 4], [1, 0, 3]], np.int32)
-    ),
+    "assignment": lambda: Assignment(group_id="g1", slot=3, task="boil", variation=11, mode=OFF_POLICY, seed=2**31 - 1),
+    "trajectory": lambda: make_trajectory(mode=ON_POLICY_TIPS, tip_spans=np.array([[0, 1, 4], [1, 0, 3]], np.int32)),
     "batch_request": lambda: BatchRequest(learner_version=5, num_groups=2, max_staleness=4),
     "batch": lambda: Batch(
         trajectories=[
@@ -285,9 +288,7 @@ def test_weight_chunk_tensor_meta_and_bytes_round_trip():
 
 def test_non_contiguous_and_float16_arrays_round_trip():
     base = np.arange(20, dtype=np.int32)
-    msg = GenerateRequest(
-        request_id="r", prompt_token_ids=base[::3], max_tokens=1, temperature=0.0, seed=0
-    )
+    msg = GenerateRequest(request_id="r", prompt_token_ids=base[::3], max_tokens=1, temperature=0.0, seed=0)
     out = decode(encode(msg))
     assert out.prompt_token_ids.tolist() == [0, 3, 6, 9, 12, 15, 18]
     resp = GenerateResponse(
@@ -405,9 +406,19 @@ def test_unknown_field_in_nested_dataclass_is_rejected():
         (GenerateResponse("r", np.zeros(1, np.int32), np.zeros(1, np.float32), "", 0, "stop"), "token_ids", [1]),
     ],
     ids=[
-        "str_for_int", "bool_for_int", "float_for_int", "float_for_str", "bytes_for_str", "int_for_bool",
-        "bool_for_float", "str_for_float", "str_for_list", "int_in_str_list", "nil_in_float_list",
-        "int_for_dataclass", "list_for_array",
+        "str_for_int",
+        "bool_for_int",
+        "float_for_int",
+        "float_for_str",
+        "bytes_for_str",
+        "int_for_bool",
+        "bool_for_float",
+        "str_for_float",
+        "str_for_list",
+        "int_in_str_list",
+        "nil_in_float_list",
+        "int_for_dataclass",
+        "list_for_array",
     ],
 )
 def test_wrong_field_type_is_rejected(msg, field, bad_value):
@@ -579,57 +590,69 @@ def _with(t: Trajectory, **changes) -> Trajectory:
 
 INVALID = {
     "generate_request_empty_prompt": (
-        _replace(SAMPLES["generate_request"](), prompt_token_ids=np.zeros(0, np.int32)), "empty prompt"),
+        _replace(SAMPLES["generate_request"](), prompt_token_ids=np.zeros(0, np.int32)),
+        "empty prompt",
+    ),
     "generate_request_2d_prompt": (
-        _replace(SAMPLES["generate_request"](), prompt_token_ids=np.zeros((1, 2), np.int32)), "empty prompt"),
+        _replace(SAMPLES["generate_request"](), prompt_token_ids=np.zeros((1, 2), np.int32)),
+        "empty prompt",
+    ),
     "generate_request_int64_prompt": (
-        _replace(SAMPLES["generate_request"](), prompt_token_ids=np.array([1, 2], np.int64)), "int32"),
+        _replace(SAMPLES["generate_request"](), prompt_token_ids=np.array([1, 2], np.int64)),
+        "int32",
+    ),
     "generate_request_zero_max_tokens": (_replace(SAMPLES["generate_request"](), max_tokens=0), "max_tokens"),
     "generate_request_huge_max_tokens": (_replace(SAMPLES["generate_request"](), max_tokens=4097), "max_tokens"),
-    "generate_request_negative_temperature": (
-        _replace(SAMPLES["generate_request"](), temperature=-0.1), "temperature"),
+    "generate_request_negative_temperature": (_replace(SAMPLES["generate_request"](), temperature=-0.1), "temperature"),
     "generate_request_zero_top_p": (_replace(SAMPLES["generate_request"](), top_p=0.0), "top_p"),
     "generate_response_length_mismatch": (
-        _replace(SAMPLES["generate_response"](), logprobs=np.zeros(2, np.float32)), "length differ"),
+        _replace(SAMPLES["generate_response"](), logprobs=np.zeros(2, np.float32)),
+        "length differ",
+    ),
     "assignment_unknown_mode": (_replace(SAMPLES["assignment"](), mode="greedy"), "unknown mode"),
     "nccl_init_rank_offset_zero": (_replace(SAMPLES["nccl_transfer_init"](), rank_offset=0), "rank_offset"),
     "nccl_init_bad_port": (_replace(SAMPLES["nccl_transfer_init"](), master_port=70000), "port"),
     "nccl_update_lengths_differ": (_replace(SAMPLES["nccl_transfer_update"](), shapes=[[1]]), "lengths"),
-    "nccl_update_unknown_dtype": (_replace(SAMPLES["nccl_transfer_update"](), dtype_names=["int8", "float32"]), "dtypes"),
+    "nccl_update_unknown_dtype": (
+        _replace(SAMPLES["nccl_transfer_update"](), dtype_names=["int8", "float32"]),
+        "dtypes",
+    ),
     "weight_chunk_index_equals_count": (_replace(_weight_chunk(), chunk_index=2, num_chunks=2), "chunk"),
     "weight_chunk_negative_index": (_replace(_weight_chunk(), chunk_index=-1), "chunk"),
     "weight_chunk_negative_version": (_replace(_weight_chunk(), version=-1), "negative version"),
-    "weight_chunk_tensors_data_mismatch": (
-        _replace(_weight_chunk(), data=[np.zeros(3, np.uint8)]), "tensors/data"),
+    "weight_chunk_tensors_data_mismatch": (_replace(_weight_chunk(), data=[np.zeros(3, np.uint8)]), "tensors/data"),
     "weight_chunk_data_not_uint8": (
-        _replace(_weight_chunk(), data=[np.zeros(3, np.uint8), np.zeros(2, np.float16)]), "uint8"),
+        _replace(_weight_chunk(), data=[np.zeros(3, np.uint8), np.zeros(2, np.float16)]),
+        "uint8",
+    ),
     "trajectory_unknown_mode": (_traj(mode="random"), "unknown mode"),
-    "trajectory_without_turns": (
-        _with(_traj(), policy_versions=np.zeros(0, np.int32)), "without turns"),
+    "trajectory_without_turns": (_with(_traj(), policy_versions=np.zeros(0, np.int32)), "without turns"),
     "trajectory_offsets_do_not_span_tokens": (_bad_offsets(7), "span"),
     "trajectory_offsets_not_increasing": (
-        _with(_traj(prompt_lens=(5, 3)), prompt_offsets=np.array([0, 8, 8], np.int64),
-              prompt_token_ids=np.arange(8, dtype=np.int32)), "increasing"),
-    "trajectory_offsets_wrong_count": (
-        _with(_traj(), response_offsets=np.array([0, 6], np.int64)), "turns+1"),
-    "trajectory_logprobs_length": (
-        _with(_traj(), behaviour_logprobs=np.zeros(5, np.float32)), "logprobs"),
-    "trajectory_num_memories_length": (
-        _with(_traj(), num_memories=np.zeros(3, np.int32)), "num_memories"),
+        _with(
+            _traj(prompt_lens=(5, 3)),
+            prompt_offsets=np.array([0, 8, 8], np.int64),
+            prompt_token_ids=np.arange(8, dtype=np.int32),
+        ),
+        "increasing",
+    ),
+    "trajectory_offsets_wrong_count": (_with(_traj(), response_offsets=np.array([0, 6], np.int64)), "turns+1"),
+    "trajectory_logprobs_length": (_with(_traj(), behaviour_logprobs=np.zeros(5, np.float32)), "logprobs"),
+    "trajectory_num_memories_length": (_with(_traj(), num_memories=np.zeros(3, np.int32)), "num_memories"),
     "trajectory_text_lists": (_with(_traj(), actions=["only one"]), "text lists"),
-    "trajectory_tip_spans_not_k_by_3": (
-        _with(_traj(), tip_spans=np.zeros((1, 2), np.int32)), "[k, 3]"),
-    "trajectory_tip_span_turn_out_of_range": (
-        _traj(tip_spans=np.array([[2, 0, 1]], np.int32)), "turn out of range"),
+    "trajectory_tip_spans_not_k_by_3": (_with(_traj(), tip_spans=np.zeros((1, 2), np.int32)), "[k, 3]"),
+    "trajectory_tip_span_turn_out_of_range": (_traj(tip_spans=np.array([[2, 0, 1]], np.int32)), "turn out of range"),
     "trajectory_tip_span_past_prompt_end": (  # turn 1's prompt has 3 tokens
-        _traj(tip_spans=np.array([[1, 1, 4]], np.int32)), "outside its prompt"),
+        _traj(tip_spans=np.array([[1, 1, 4]], np.int32)),
+        "outside its prompt",
+    ),
     "trajectory_tip_span_empty": (_traj(tip_spans=np.array([[0, 2, 2]], np.int32)), "outside its prompt"),
-    "trajectory_tip_span_negative_start": (
-        _traj(tip_spans=np.array([[0, -1, 2]], np.int32)), "outside its prompt"),
+    "trajectory_tip_span_negative_start": (_traj(tip_spans=np.array([[0, -1, 2]], np.int32)), "outside its prompt"),
     "episode_report_empty": (
-        _replace(SAMPLES["episode_report"](), observations=[], actions=[]), "one observation per action"),
-    "episode_report_mismatch": (
-        _replace(SAMPLES["episode_report"](), actions=["a1"]), "one observation per action"),
+        _replace(SAMPLES["episode_report"](), observations=[], actions=[]),
+        "one observation per action",
+    ),
+    "episode_report_mismatch": (_replace(SAMPLES["episode_report"](), actions=["a1"]), "one observation per action"),
 }
 
 
@@ -666,7 +689,7 @@ def _mutate(rng: random.Random, frames: list[bytes]) -> list[bytes]:
         for _ in range(rng.randint(1, 4)):
             f[rng.randrange(len(f))] = rng.randrange(256)
     elif op == 1:  # truncate
-        del f[rng.randrange(len(f) + 1):]
+        del f[rng.randrange(len(f) + 1) :]
     elif op == 2:  # insert random bytes
         pos = rng.randrange(len(f) + 1)
         f[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))

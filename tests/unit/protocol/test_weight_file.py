@@ -12,7 +12,14 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from protocol.weight_file import WeightFileError, concat_rows, file_checksum, mapped_weights, shared_lock, write_weight_file
+from protocol.weight_file import (
+    WeightFileError,
+    concat_rows,
+    file_checksum,
+    mapped_weights,
+    shared_lock,
+    write_weight_file,
+)
 
 
 def tensors(seed: int = 0) -> list[tuple[str, torch.Tensor]]:
@@ -77,12 +84,16 @@ def test_writer_waits_for_a_reader_holding_the_file(tmp_path):
     assert done.is_set()
 
 
-@pytest.mark.parametrize("content", [
-    b"", b"1234",  # too short
-    struct.pack("<Q", 1 << 40) + b"{}",  # header longer than the file
-    struct.pack("<Q", 2) + b"{}" + b"x" * 8,  # no tensors
-    struct.pack("<Q", 4) + b"{{{{" + b"x" * 8,  # not JSON
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"1234",  # too short
+        struct.pack("<Q", 1 << 40) + b"{}",  # header longer than the file
+        struct.pack("<Q", 2) + b"{}" + b"x" * 8,  # no tensors
+        struct.pack("<Q", 4) + b"{{{{" + b"x" * 8,  # not JSON
+    ],
+)
 def test_malformed_files_are_refused(tmp_path, content):
     path = tmp_path / "bad.safetensors"
     path.write_bytes(content)
@@ -91,11 +102,14 @@ def test_malformed_files_are_refused(tmp_path, content):
             pass
 
 
-@pytest.mark.parametrize("entry", [
-    {"dtype": "F32", "shape": [4], "data_offsets": [0, 1 << 20]},  # past the end
-    {"dtype": "F32", "shape": [3], "data_offsets": [0, 16]},  # size disagrees with the shape
-    {"dtype": "I64", "shape": [2], "data_offsets": [0, 16]},  # not a weight dtype
-])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"dtype": "F32", "shape": [4], "data_offsets": [0, 1 << 20]},  # past the end
+        {"dtype": "F32", "shape": [3], "data_offsets": [0, 16]},  # size disagrees with the shape
+        {"dtype": "I64", "shape": [2], "data_offsets": [0, 16]},  # not a weight dtype
+    ],
+)
 def test_bad_tensor_entries_are_refused(tmp_path, entry):
     header = json.dumps({"w": entry}).encode()
     path = tmp_path / "bad.safetensors"

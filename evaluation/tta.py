@@ -28,12 +28,12 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 
 from actors.env_actor import ActorProcess, EpisodeRunner, open_episode_runner
-from common.config import PipelineConfig, load_config
 from common.logs import setup_logging
 from common.model_prep import resolve_model
 from common.process import exit_on_sigterm
 from deploy.launch import Launcher, role_commands
 from deploy.monitor import scrape, total
+from pipeline.config import PipelineConfig, load_config
 from protocol.messages import ON_POLICY_TIPS, Assignment
 from protocol.transport import wait_until_ready
 
@@ -63,8 +63,9 @@ def check_alive(launcher: Launcher) -> None:
     """A started process that died ends the run with its log's last lines instead of a long wait."""
     for child in launcher.children:
         if child.process.poll() is not None:
-            raise RuntimeError(f"{child.name} exited with {child.process.returncode}; "
-                               f"last lines of {child.log_path}:\n{child.tail()}")
+            raise RuntimeError(
+                f"{child.name} exited with {child.process.returncode}; last lines of {child.log_path}:\n{child.tail()}"
+            )
 
 
 def wait_for_servers(actor: ActorProcess, launcher: Launcher, timeout_s: float) -> None:
@@ -96,11 +97,19 @@ def wait_for_reflection(cfg: PipelineConfig, launcher: Launcher, before: tuple[f
     return False
 
 
-def play_trial(cfg: PipelineConfig, launcher: Launcher, actor: ActorProcess, runner: EpisodeRunner, result: TaskResult) -> None:
+def play_trial(
+    cfg: PipelineConfig, launcher: Launcher, actor: ActorProcess, runner: EpisodeRunner, result: TaskResult
+) -> None:
     trial = len(result.scores)
     # the training assignment's seed policy: one group per (task, variation), one slot per trial
-    assignment = Assignment(group_id=f"tta-{result.task}-{result.variation}", slot=trial, task=result.task,
-                            variation=result.variation, mode=ON_POLICY_TIPS, seed=trial)
+    assignment = Assignment(
+        group_id=f"tta-{result.task}-{result.variation}",
+        slot=trial,
+        task=result.task,
+        variation=result.variation,
+        mode=ON_POLICY_TIPS,
+        seed=trial,
+    )
     t0 = time.monotonic()
     trajectory, stats = runner.play(assignment, actor.actor_id, actor._generate, actor._retrieve)
     before = reflection_counts(cfg)
@@ -110,9 +119,12 @@ def play_trial(cfg: PipelineConfig, launcher: Launcher, actor: ActorProcess, run
     result.scores.append(trajectory.score)
     result.tips_shown.append(stats.tips_shown)
     result.reflection_stored.append(stored)
-    print(f"[tta] {result.task} variation {result.variation} trial {trial + 1}/{cfg.tta.trials}: "
-          f"score {trajectory.score:.0f}, {trajectory.num_turns} steps, {stats.tips_shown} tips shown, "
-          f"reflection {'stored' if stored else 'missing'} ({time.monotonic() - t0:.0f}s)", flush=True)
+    print(
+        f"[tta] {result.task} variation {result.variation} trial {trial + 1}/{cfg.tta.trials}: "
+        f"score {trajectory.score:.0f}, {trajectory.num_turns} steps, {stats.tips_shown} tips shown, "
+        f"reflection {'stored' if stored else 'missing'} ({time.monotonic() - t0:.0f}s)",
+        flush=True,
+    )
 
 
 def mean_per_trial(results: list[TaskResult]) -> list[float]:
@@ -122,8 +134,13 @@ def mean_per_trial(results: list[TaskResult]) -> list[float]:
 
 def write_results(cfg: PipelineConfig, results: list[TaskResult]) -> None:
     report = {
-        "model": cfg.model.name, "tasks": cfg.tta.tasks, "trials": cfg.tta.trials, "temperature": cfg.tta.temperature,
-        "memory_key": cfg.memory_service.key, "results": [asdict(r) for r in results], "mean_per_trial": mean_per_trial(results),
+        "model": cfg.model.name,
+        "tasks": cfg.tta.tasks,
+        "trials": cfg.tta.trials,
+        "temperature": cfg.tta.temperature,
+        "memory_key": cfg.memory_service.key,
+        "results": [asdict(r) for r in results],
+        "mean_per_trial": mean_per_trial(results),
     }
     cfg.run_path("tta.json").write_text(json.dumps(report, indent=1))
 
@@ -160,8 +177,11 @@ def run(cfg: PipelineConfig, overrides: list[str]) -> list[TaskResult]:
         actor = ActorProcess(replace(cfg, env_actor=replace(cfg.env_actor, temperature=cfg.tta.temperature)))
         wait_for_servers(actor, launcher, cfg.env_actor.startup_timeout_s)
         entries = total(scrape(cfg.metrics.host, cfg.metrics.port("memory_service")), "empo2_memory_service_entries")
-        print(f"[tta] ready; memory holds {entries:.0f} entries; {cfg.tta.trials} trials per task at temperature "
-              f"{cfg.tta.temperature}", flush=True)
+        print(
+            f"[tta] ready; memory holds {entries:.0f} entries; {cfg.tta.trials} trials per task at temperature "
+            f"{cfg.tta.temperature}",
+            flush=True,
+        )
         return play_all(cfg, launcher, actor, runner)
 
 
@@ -173,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_sigterm()
     t0 = time.monotonic()
     # converts the embedded model once here, before the servers and this process would race to
-    print(f"[tta] run dir {cfg.run_dir}; model at {resolve_model(cfg.model.name, cfg.model.cache_dir or None)}", flush=True)
+    print(
+        f"[tta] run dir {cfg.run_dir}; model at {resolve_model(cfg.model.name, cfg.model.cache_dir or None)}",
+        flush=True,
+    )
     try:
         results = run(cfg, argv)
     except KeyboardInterrupt:
@@ -182,8 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, TimeoutError) as exc:
         print(f"[tta] failed: {exc}", flush=True)
         return 1
-    print(f"[tta] done in {time.monotonic() - t0:.0f}s; scores per trial (also in {cfg.run_path('tta.json')}):\n"
-          f"{format_table(results)}", flush=True)
+    print(
+        f"[tta] done in {time.monotonic() - t0:.0f}s; scores per trial (also in {cfg.run_path('tta.json')}):\n"
+        f"{format_table(results)}",
+        flush=True,
+    )
     return 0
 
 

@@ -1,4 +1,4 @@
-"""learner.replay_buffer: group assignment, leases, mode draws, batching, staleness and the log.
+"""replay_buffer.service: group assignment, leases, mode draws, batching, staleness and the log.
 
 No ScienceWorld: the buffer gets a hand-made {task: [train variations]} dict.
 """
@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from learner.config import ReplayBufferConfig
-from learner.replay_buffer import BufferLog, ReplayBuffer, draw_mode
 from protocol.codec import encode
 from protocol.messages import MODES, OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Assignment, Trajectory
+from replay_buffer.config import ReplayBufferConfig
+from replay_buffer.service import BufferLog, ReplayBuffer, draw_mode
 
 VARIATIONS = {"boil": [4, 9, 13], "melt": [1, 2], "unused": [0]}
 
@@ -519,8 +519,8 @@ def test_records_appended_after_a_torn_tail_survive_the_next_restart(log_path, o
 
 
 def test_buffer_process_refuses_a_backpressure_bound_below_the_batch(tmp_path):
-    from common.config import load_config
-    from learner.replay_buffer import BufferProcess
+    from pipeline.config import load_config
+    from replay_buffer.service import BufferProcess
 
     cfg = load_config([f"run_dir={tmp_path}", "replay_buffer.max_ready_groups=1", "learner.groups_per_step=2"])
     with pytest.raises(ValueError, match="max_ready_groups"):

@@ -12,8 +12,10 @@ from pathlib import Path
 from actors.config import EnvActorConfig, PolicyServerConfig
 from common.model_prep import EMBEDDED_MODEL
 from deploy.config import LaunchConfig
-from learner.config import LearnerConfig, ReplayBufferConfig
-from memory_service.config import MemoryServiceConfig, TestTimeAdaptationConfig
+from evaluation.config import TestTimeAdaptationConfig
+from learner.config import LearnerConfig
+from memory_service.config import MemoryServiceConfig
+from replay_buffer.config import ReplayBufferConfig
 
 
 @dataclass

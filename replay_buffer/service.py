@@ -26,17 +26,28 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.config import PipelineConfig
 from common.metrics import ReplayBufferMetrics
 from common.process import run_role
 from common.server import serve_requests
-from learner.config import ReplayBufferConfig
+from pipeline.config import PipelineConfig
 from protocol import decode, encode
 from protocol.codec import pack_frames, unpack_frames
 from protocol.messages import (
-    OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Ack, Assignment, AssignmentRequest, Batch, BatchRequest, ErrorReply, Ping, Pong,
-    Trajectory, Wait,
+    OFF_POLICY,
+    ON_POLICY,
+    ON_POLICY_TIPS,
+    Ack,
+    Assignment,
+    AssignmentRequest,
+    Batch,
+    BatchRequest,
+    ErrorReply,
+    Ping,
+    Pong,
+    Trajectory,
+    Wait,
 )
+from replay_buffer.config import ReplayBufferConfig
 
 log = logging.getLogger("replay_buffer")
 
@@ -109,7 +120,11 @@ class ReplayBuffer:
 
     def add(self, traj: Trajectory) -> bool:
         """Accept a trajectory; False if it is a duplicate (already held or its slot is filled)."""
-        if traj.episode_id in self.episode_ids or traj.group_id in self.served or not 0 <= traj.slot < self.cfg.group_size:
+        if (
+            traj.episode_id in self.episode_ids
+            or traj.group_id in self.served
+            or not 0 <= traj.slot < self.cfg.group_size
+        ):
             return False
         group = self.open.get(traj.group_id)
         if group is None:  # unknown group: a replayed log, or a buffer restarted mid-group
@@ -188,16 +203,23 @@ class BufferLog:
 class BufferProcess:
     def __init__(self, cfg: PipelineConfig, variations: dict[str, list[int]]):
         if cfg.replay_buffer.max_ready_groups < cfg.learner.groups_per_step:
-            raise ValueError(f"replay_buffer.max_ready_groups ({cfg.replay_buffer.max_ready_groups}) < learner.groups_per_step "
-                             f"({cfg.learner.groups_per_step}): the learner would wait forever for a full batch")
+            raise ValueError(
+                f"replay_buffer.max_ready_groups ({cfg.replay_buffer.max_ready_groups}) < learner.groups_per_step "
+                f"({cfg.learner.groups_per_step}): the learner would wait forever for a full batch"
+            )
         self.cfg = cfg
         self.buffer = ReplayBuffer(cfg.replay_buffer, variations, cfg.seed)
         self.metrics = ReplayBufferMetrics()
         log_path = cfg.run_path(cfg.replay_buffer.log_file)
         replayed = BufferLog.replay(log_path, self.buffer)
         if replayed:
-            log.info("replayed %d records from %s: %d groups ready, %d open", replayed, log_path,
-                     len(self.buffer.ready), len(self.buffer.open))
+            log.info(
+                "replayed %d records from %s: %d groups ready, %d open",
+                replayed,
+                log_path,
+                len(self.buffer.ready),
+                len(self.buffer.open),
+            )
         self.log = BufferLog(log_path)
         self.learner_version = 0
 
@@ -248,7 +270,7 @@ class BufferProcess:
 
 def train_variations(tasks: list[str], simplification: str) -> dict[str, list[int]]:
     """Each task's train variation ids, read from ScienceWorld once at start-up."""
-    from actors.scienceworld_env import ScienceWorld
+    from common.scienceworld import ScienceWorld
 
     env = ScienceWorld(simplification)
     try:
@@ -258,7 +280,11 @@ def train_variations(tasks: list[str], simplification: str) -> dict[str, list[in
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_role(argv, "replay_buffer", lambda cfg: BufferProcess(cfg, train_variations(cfg.replay_buffer.tasks, cfg.env_actor.simplification)))
+    run_role(
+        argv,
+        "replay_buffer",
+        lambda cfg: BufferProcess(cfg, train_variations(cfg.replay_buffer.tasks, cfg.env_actor.simplification)),
+    )
 
 
 if __name__ == "__main__":
