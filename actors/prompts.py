@@ -34,8 +34,13 @@ class BuiltPrompt:
     text: str
 
 
+# A past step's observation in the prompt's history is cut to this many characters: the current
+# state gets max_observation_chars; the history only reminds the policy of what followed its actions.
+HISTORY_OBSERVATION_CHARS = 160
+
+
 class PromptBuilder:
-    def __init__(self, tokenizer, history_window: int = 4, max_observation_chars: int = 1200):
+    def __init__(self, tokenizer, history_window: int, max_observation_chars: int = 1200):  # env_actor.history_window
         self.tokenizer = tokenizer
         self.history_window = history_window
         self.max_observation_chars = max_observation_chars
@@ -44,7 +49,7 @@ class PromptBuilder:
         parts = [f"Task: {task}"]
         recent = history[-self.history_window :] if self.history_window > 0 else []
         if recent:
-            steps = "\n".join(f"> {action}\n{obs.strip()[:160]}" for action, obs in recent)
+            steps = "\n".join(f"> {action}\n{obs.strip()[:HISTORY_OBSERVATION_CHARS]}" for action, obs in recent)
             parts.append(f"Your most recent actions and what followed:\n{steps}")
         parts.append(f"Current state:\n{state.strip()[: self.max_observation_chars]}")
         parts.append("What is your next action?")

@@ -18,6 +18,9 @@ from common.lora import lora_merged
 from protocol.messages import TensorMeta, WeightChunk
 from protocol.weight_file import SAFETENSORS_DTYPES, bytes_tensor, weights_checksum, write_weight_file
 
+# A refused LoRA update names this many of its offending tensors (enough to see the pattern).
+NAMES_IN_ERROR = 5
+
 
 class WeightUpdateError(ValueError):
     pass
@@ -81,11 +84,13 @@ def merged_lora_weights(
     modules = {name.removesuffix(".lora_A.weight") for name in adapter if name.endswith(".lora_A.weight")}
     expected = {f"{m}.lora_{x}.weight" for m in modules for x in "AB"}
     if set(adapter) != expected:
-        raise WeightUpdateError(f"LoRA update: unpaired or unknown tensors {sorted(set(adapter) ^ expected)[:5]}")
+        raise WeightUpdateError(
+            f"LoRA update: unpaired or unknown tensors {sorted(set(adapter) ^ expected)[:NAMES_IN_ERROR]}"
+        )
     handles = [safe_open(str(f), framework="pt") for f in sorted(Path(base_dir).glob("*.safetensors"))]
     base_names = {name for h in handles for name in h.keys()}
     if missing := sorted(m for m in modules if f"{m}.weight" not in base_names):
-        raise WeightUpdateError(f"LoRA update: no base weight for {missing[:5]}")
+        raise WeightUpdateError(f"LoRA update: no base weight for {missing[:NAMES_IN_ERROR]}")
     merged = []
     for handle in handles:
         for name in handle.keys():

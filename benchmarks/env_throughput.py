@@ -6,7 +6,7 @@ measured alone in the same run, to show which stage bounds the pipeline and how 
 For each actor count N the concurrency is C = N x envs_per_actor (ScienceWorld envs in flight):
   (a) env alone   C threads, one ScienceWorld each (common.scienceworld.ScienceWorld with the
                   pipeline's task, train variations, simplification and step limit), episodes of
-                  env_actor.max_steps steps with a random valid action, no LLM: env steps/s.
+                  env.max_steps steps with a random valid action, no LLM: env steps/s.
                   Every decision point (task, history, state) is recorded for (b).
   (b) LLM alone   actors.policy_engine.PolicyEngine (the policy server's engine, same config) in
                   this process, C concurrent generations of actor prompts built by
@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import os
 import platform
 import random
@@ -51,6 +50,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from benchmarks.record import command_line, repo_relative, write_result
 from common.metrics import RoleMetrics
 from common.model_prep import resolve_model
 from common.process import exit_on_sigterm
@@ -187,7 +187,7 @@ def env_alone(
     decisions: list[Decision],
     exclude: list[int],
 ) -> Rate:
-    acfg = cfg.env_actor
+    max_steps = cfg.env.max_steps
     done: dict[int, list[float]] = {k: [] for k in range(len(envs))}
     episode_lengths: list[int] = []
     t_start = time.perf_counter()
@@ -201,7 +201,7 @@ def env_alone(
             episode += len(envs)
             result = env.reset(task, variation)
             history: list[tuple[str, str]] = []
-            for step in range(acfg.max_steps):  # noqa: B007 (the episode length, read after the loop)
+            for step in range(max_steps):  # noqa: B007 (the episode length, read after the loop)
                 decisions.append(Decision(env.task_description, list(history), result.state))
                 action = rng.choice(result.valid_actions)
                 result = env.step(action)
@@ -247,7 +247,7 @@ async def llm_alone(
     async def worker(k: int) -> None:
         i = k
         while time.perf_counter() < t1:
-            # the request an actor sends (ActorProcess._generate), served as the policy server does
+            # the request an actor sends (EnvWorker.generate), served as the policy server does
             req = GenerateRequest(
                 request_id=f"{tag}-{i}",
                 prompt_token_ids=prompts[i % len(prompts)],
@@ -327,14 +327,12 @@ def merge(before: Rate, after: Rate) -> Rate:
 def memory_stub(endpoint: str) -> None:
     """Answers what an actor sends the memory service (p_memory = 0: only per-episode reports)."""
 
-    def handle(msg):
-        if isinstance(msg, Ping):
-            return Pong(role="memory_service", policy_version=0, ready=True)
-        if isinstance(msg, MemoryQuery):
-            return MemoryResult(tips=[], scores=[], count=0)
-        return Ack(ref=msg.episode_id if isinstance(msg, EpisodeReport) else "")
-
-    threading.Thread(target=serve_requests, args=(endpoint, handle, RoleMetrics("memory_stub")), daemon=True).start()
+    handlers = {
+        Ping: lambda msg: Pong(role="memory_service", policy_version=0, ready=True),
+        MemoryQuery: lambda msg: MemoryResult(tips=[], scores=[], count=0),
+        EpisodeReport: lambda msg: Ack(ref=msg.episode_id),
+    }
+    threading.Thread(target=serve_requests, args=(endpoint, handlers, RoleMetrics("memory_stub")), daemon=True).start()
 
 
 def pipeline_counts(cfg: PipelineConfig, actors: int, actor_metrics: bool = True) -> dict[str, float]:
@@ -355,18 +353,11 @@ def pipeline_counts(cfg: PipelineConfig, actors: int, actor_metrics: bool = True
     }
 
 
-def check_alive(launchers: list[Launcher]) -> None:
-    for launcher in launchers:
-        for child in launcher.children:
-            if child.process.poll() is not None:
-                raise RuntimeError(f"{child.name} exited with {child.process.returncode}:\n{child.tail()}")
-
-
 def wait_for_server(cfg: PipelineConfig, server: Launcher, timeout_s: float) -> None:
     """Until the policy server's engine is up (its start-up would disturb the first measurements)."""
     deadline = time.monotonic() + timeout_s
     while total(scrape(cfg.metrics.host, cfg.metrics.port("policy_server", 0)), "empo2_policy_server_ready") < 1:
-        check_alive([server])
+        server.check_alive()
         if time.monotonic() > deadline:
             raise RuntimeError(f"policy server not ready within {timeout_s:.0f}s:\n{server.children[0].tail()}")
         time.sleep(1.0)
@@ -387,7 +378,8 @@ def pipeline_run(
         launcher.start()
         t_start = time.monotonic()
         while pipeline_counts(cfg, actors)["actors_with_episodes"] < actors:  # every actor plays
-            check_alive([server, launcher])
+            server.check_alive()
+            launcher.check_alive()
             if time.monotonic() - t_start > timeout_s:
                 raise RuntimeError(
                     f"not every actor finished an episode within {timeout_s:.0f}s:\n"
@@ -406,7 +398,8 @@ def pipeline_run(
             polled.append((time.perf_counter(), pipeline_counts(cfg, actors, actor_metrics=False)["generations"]))
         after, t1 = pipeline_counts(cfg, actors), time.perf_counter()
         cpu_s = meter.stop()
-        check_alive([server, launcher])
+        server.check_alive()
+        launcher.check_alive()
     finally:
         launcher.stop()
     delta = {k: after[k] - before[k] for k in before if k != "actors_with_episodes"}
@@ -544,7 +537,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_config(base)
     acfg = cfg.env_actor
     print(
-        f"[bench] run dir {run_dir}; tasks {cfg.replay_buffer.tasks}, max_steps {acfg.max_steps}, "
+        f"[bench] run dir {run_dir}; tasks {cfg.replay_buffer.tasks}, max_steps {cfg.env.max_steps}, "
         f"envs per actor {epa}, concurrencies {concurrencies}",
         flush=True,
     )
@@ -564,7 +557,8 @@ def main(argv: list[str] | None = None) -> None:
     engine = None
     try:
         t = time.perf_counter()
-        engine = PolicyEngine(resolve_model(cfg.model.name, cfg.model.cache_dir or None), cfg.policy_server, cfg.seed)
+        model_path = resolve_model(cfg.model.name, cfg.model.cache_dir or None)
+        engine = PolicyEngine(model_path, cfg.policy_server, cfg.seed, cfg.weight_sync.method)
         engine_start_s = time.perf_counter() - t
         memory_stub(cfg.endpoints.memory_service)
         server.start()
@@ -575,7 +569,7 @@ def main(argv: list[str] | None = None) -> None:
             envs: list[ScienceWorld] = []
             try:
                 for _ in range(c):
-                    envs.append(ScienceWorld(acfg.simplification, step_limit=max(100, acfg.max_steps + 1)))
+                    envs.append(ScienceWorld(cfg.env.simplification, step_limit=max(100, cfg.env.max_steps + 1)))
                 targets = [
                     (task, v) for task in rb.tasks for v in envs[0].train_variations(task)[: rb.variations_per_task]
                 ]
@@ -634,8 +628,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(
-            [".venv/bin/python", "-m", "benchmarks.env_throughput", *(argv if argv is not None else sys.argv[1:])]
+        "command": command_line(
+            [".venv/bin/python", "-m", "benchmarks.env_throughput"], argv if argv is not None else sys.argv[1:]
         ),
         "machine": {
             "cpus": os.cpu_count(),
@@ -647,8 +641,8 @@ def main(argv: list[str] | None = None) -> None:
             "overrides": base,
             "tasks": cfg.replay_buffer.tasks,
             "variations_per_task": cfg.replay_buffer.variations_per_task,
-            "simplification": acfg.simplification,
-            "max_steps": acfg.max_steps,
+            "simplification": cfg.env.simplification,
+            "max_steps": cfg.env.max_steps,
             "history_window": acfg.history_window,
             "max_action_tokens": acfg.max_action_tokens,
             "temperature": acfg.temperature,
@@ -656,7 +650,7 @@ def main(argv: list[str] | None = None) -> None:
             "model": cfg.model.name,
             "policy_server": asdict(cfg.policy_server),
         },
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "settings": {k: (repo_relative(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "prompts": {"count": len(prompts), "mean_tokens": float(np.mean([len(p) for p in prompts]))},
         "engine_start_s": engine_start_s,
         "env_alone": [asdict(r) for r in env_rates],
@@ -665,9 +659,7 @@ def main(argv: list[str] | None = None) -> None:
         "table": rows,
         "wall_s": wall_s,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -14,20 +14,20 @@ logits at every position, HF's causal-LM loss), backward, then one AdamW step fo
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from benchmarks.record import command_line, write_result
 from common.model_prep import resolve_model
 from learner.config import LearnerConfig
 from learner.policy_model import load_policy
 from learner.samples import TurnSample
-from learner.train import Trainer, train_step
+from learner.step import train_step
+from learner.train import Trainer
 from protocol.messages import ON_POLICY
 
 
@@ -86,7 +86,7 @@ def main() -> None:
     # tiny lr: the weights barely move
     cfg = LearnerConfig(lr=1e-12, low_prob_threshold=None, device="cpu", micro_batch_tokens=args.micro_batch_tokens)
     trainer = Trainer(cfg, path, seed=0)
-    model, _ = load_policy(path)
+    model, _ = load_policy(path, "cpu")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     batch = make_batch(args.samples, args.prompt_tokens, args.response_tokens, model.config.vocab_size)
     tokens = sum(len(s.update_prompt) + len(s.response) for s in batch)
@@ -95,7 +95,7 @@ def main() -> None:
     unsharded_s = timed(lambda: train_step(model, optimizer, batch, cfg, version=0), args.repeats)
     plain_s = timed(lambda: plain_step(model, optimizer, batch), args.repeats)
     result = {
-        "command": " ".join(sys.argv),
+        "command": command_line([".venv/bin/python", "-m", "benchmarks.learner_throughput"], sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load_average_at_end": os.getloadavg()[0],
         "samples": args.samples,
@@ -108,8 +108,7 @@ def main() -> None:
         "ratio_learner_to_plain": plain_s / learner_s,
         "ratio_unsharded_to_plain": plain_s / unsharded_s,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out, result, indent=1)
     print(f"{'':24}{'tokens/s':>12}")
     print(f"{'EMPO2 train_step (FSDP)':24}{result['learner_tokens_per_s']:12.1f}")
     print(f"{'  same, unsharded':24}{result['learner_unsharded_tokens_per_s']:12.1f}")

@@ -43,10 +43,8 @@ if Path(sys.path[0]).resolve() == HERE:
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
-import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
-import signal  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -57,6 +55,8 @@ from dataclasses import asdict, dataclass  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks.record import command_line, write_result  # noqa: E402
+from common.process import spawn_role, stop_group  # noqa: E402
 from memory_service.embedder import Embedder  # noqa: E402
 from memory_service.service import reflection_messages, tip_text  # noqa: E402
 from memory_service.store import Entry, MemoryStore, memory_key  # noqa: E402
@@ -339,40 +339,17 @@ class ReflectionResult:
 
 
 def start_policy_server(run_dir: Path) -> subprocess.Popen:
-    """Same approach as tests/integration/conftest.py: own session, so the group can be killed."""
+    """As every role is started (common/process.py): own session, so the group can be stopped."""
     overrides = [
         f"endpoints.policy_servers=[{POLICY_ENDPOINT}]",
         f"metrics.base_port={POLICY_METRICS_PORT}",
         f"run_dir={run_dir}",
     ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    with open(run_dir / "policy_server.log", "wb") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "actors.policy_server", *overrides],
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+    return spawn_role("actors.policy_server", overrides, run_dir / "policy_server.log", cwd=REPO)
 
 
 def server_log_tail(run_dir: Path) -> str:
     return (run_dir / "policy_server.log").read_text(errors="replace")[-3000:]
-
-
-def stop_process_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group (vLLM workers)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def reflection_prompts(cfg: PipelineConfig, rng: np.random.Generator, n: int) -> list[np.ndarray]:
@@ -394,7 +371,8 @@ def reflection_prompts(cfg: PipelineConfig, rng: np.random.Generator, n: int) ->
             observations=[synthetic_observation(rng) for _ in range(steps)],
             actions=[str(a) for a in rng.choice(ACTIONS, steps)],
         )
-        text = tokenizer.apply_chat_template(reflection_messages(report), tokenize=False, add_generation_prompt=True)
+        messages = reflection_messages(report, cfg.memory_service)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         prompts.append(np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32))
     return prompts
 
@@ -437,7 +415,7 @@ def bench_reflections(
         latency, responses = timed([lambda r=r: client.call(r) for r in requests])
     finally:
         client.close()
-        stop_process_group(server)
+        stop_group(server, grace_s=20)  # the whole group: the vLLM workers too
     total_s = time.perf_counter() - t0
     mean_tokens = float(np.mean([len(r.token_ids) for r in responses]))
     return ReflectionResult(
@@ -551,8 +529,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wall time {wall_s:.0f} s; load average at start {load_at_start[0]:.2f}")
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(
-            [".venv/bin/python", "benchmarks/memory_retrieval.py", *(argv if argv is not None else sys.argv[1:])]
+        "command": command_line(
+            [".venv/bin/python", "benchmarks/memory_retrieval.py"], argv if argv is not None else sys.argv[1:]
         ),
         "machine": {
             "cpus": os.cpu_count(),
@@ -580,9 +558,7 @@ def main(argv: list[str] | None = None) -> None:
         "reflections": asdict(reflections) if reflections is not None else None,
         "wall_s": wall_s,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ a plain memory copy of the same bytes measured in the same run.
 
 Starts one real policy server (vLLM, embedded model) on the e2e profile's ports through the
 launcher and pushes the learner's full weights (fp32, 135M parameters, ~540 MB) with each CPU
-method of learner.weight_sync, through the learner's own WeightPusher:
+method of weight_sync.method, through the learner's own WeightPusher:
   zmq         tensor frames over a ZeroMQ socket, staged and loaded by the server
   shm         one safetensors file in /dev/shm, rewritten in place at every push, verified and
               loaded from the mapping
@@ -25,7 +25,6 @@ measured here.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ import numpy as np
 import torch
 import zmq
 
+from benchmarks.record import command_line, write_result
 from common.model_prep import resolve_model
 from deploy.launch import Launcher, role_commands
 from learner.checkpoint import save_checkpoint
@@ -44,7 +44,7 @@ from protocol import Client
 from protocol.transport import wait_until_ready
 
 RUN_DIR = "/tmp/empo2-bench-weight-sync"
-OVERRIDES = ["+profile=e2e", f"run_dir={RUN_DIR}"]
+OVERRIDES = ["profile=e2e", f"run_dir={RUN_DIR}"]
 METHODS = ("zmq", "shm", "checkpoint")
 
 
@@ -69,7 +69,7 @@ def main() -> None:
 
     cfg = load_config(OVERRIDES)
     shutil.rmtree(Path(RUN_DIR) / "checkpoints", ignore_errors=True)  # retention keeps the newest: no older runs' steps
-    model, tokenizer = load_policy(resolve_model(cfg.model.name))
+    model, tokenizer = load_policy(resolve_model(cfg.model.name), "cpu")
     tensors = weight_tensors(model)
     nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
     launcher = Launcher(cfg, OVERRIDES, roles=[r for r in role_commands(cfg) if r[0] == "policy_server0"])
@@ -78,9 +78,11 @@ def main() -> None:
         launcher.start()
         client = Client(zmq.Context.instance(), cfg.endpoints.policy_servers[0], timeout_s=300)
         wait_until_ready(client, "bench", timeout_s=900)
-        pushers.update(
-            {m: WeightPusher(load_config([*OVERRIDES, f"learner.weight_sync={m}"]).learner, [client]) for m in METHODS}
-        )
+        for m in METHODS:
+            mcfg = load_config([*OVERRIDES, f"weight_sync.method={m}"])
+            pushers[m] = WeightPusher(
+                mcfg.weight_sync, [client], mcfg.learner.push_timeout_s, mcfg.policy_server.tensor_parallel_size
+            )
         optimizer = torch.optim.AdamW(model.parameters())  # the checkpoint carries it, as the learner's does
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
 
@@ -147,10 +149,11 @@ def main() -> None:
             f"{method:13}{total:9.3f}{nbytes / total / 1e9:7.2f}{base['clone'] / total:10.3f}{base['copy_'] / total:10.3f}{engine:10.3f}"
             f"{transport:13.3f}{base['clone'] / transport:20.3f}{base['copy_'] / transport:10.3f}"
         )
-    result["command"] = "python -m benchmarks.weight_sync " + " ".join(f"--{k} {v}" for k, v in vars(args).items())
+    result["command"] = command_line(
+        ["python", "-m", "benchmarks.weight_sync"], [f"--{k} {v}" for k, v in vars(args).items()]
+    )
     result["date"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out, result, indent=1)
 
 
 if __name__ == "__main__":

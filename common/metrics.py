@@ -39,6 +39,7 @@ class RoleMetrics:
 
 
 _SECONDS = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+_PHASE_SECONDS = (0.001, 0.005, *_SECONDS)
 
 
 class PolicyServerMetrics(RoleMetrics):
@@ -118,6 +119,15 @@ class LearnerMetrics(RoleMetrics):
         self.loss = self._gauge("loss", "Last policy loss")
         self.step_seconds = self._histogram("step_seconds", "Wall time of one optimizer step", _SECONDS)
         self.push_seconds = self._histogram("weight_push_seconds", "Wall time of one weight push", _SECONDS)
+        # the paper's Figure 12 time breakdown: phases of learner/train.py's PHASES, observed when they run
+        self.phase_seconds = Histogram(
+            "empo2_learner_phase_seconds",
+            "Wall time of one phase of a learner step, by phase: batch_wait, samples, score (without grad), "
+            "forward_backward, optimizer, push, checkpoint",
+            ["phase"],
+            buckets=_PHASE_SECONDS,
+            registry=self.registry,
+        )
         self.stats = {
             name: self._gauge(name, doc)
             for name, doc in {
@@ -139,3 +149,18 @@ class LearnerMetrics(RoleMetrics):
                 "weight_push_engine_seconds": "Part of the last weight push spent in the servers' engines (vLLM's load)",
             }.items()
         }
+
+    def observe_step(self, record: dict) -> None:
+        """One learner step's record (learner/train.py, step_record)."""
+        self.steps.inc()
+        self.samples.inc(record["samples"])
+        self.tokens.inc(record["tokens"])
+        self.loss.set(record["loss"])
+        self.step_seconds.observe(record["step_seconds"])
+        self.push_seconds.observe(record["weight_push_seconds"])
+        self.policy_version.set(record["policy_version"])
+        for phase, seconds in record["phase_seconds"].items():
+            self.phase_seconds.labels(phase).observe(seconds)
+        for name, gauge in self.stats.items():
+            if name in record:
+                gauge.set(record[name])

@@ -11,9 +11,38 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+# The environment every role process runs in, on top of the parent's: unbuffered output (a log
+# line is in the file when it happens, also before a crash), no Hugging Face Hub access (models
+# are prepared before any role starts: common/model_prep.py), and no tokenizers thread pool
+# (it warns, and can deadlock, when a process that used it forks).
+ROLE_ENV = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def spawn_role(
+    module: str,
+    args: list[str],
+    log_path: Path,
+    env_extra: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen:
+    """Start `python -m <module> *args` (a role's main, or any command of the project) with ROLE_ENV
+    (and `env_extra`), stdout and stderr appended to `log_path`, in a session of its own: stopping
+    its process group (stop_group) also stops its JVM, vLLM workers and resource trackers."""
+    env = {**os.environ, **ROLE_ENV, **(env_extra or {})}
+    with open(log_path, "ab") as log_file:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            cwd=cwd,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
 
 
 def signal_group(process: subprocess.Popen, sig: int) -> None:
@@ -72,21 +101,19 @@ def run_async_until_signalled(coro, on_exit=None) -> None:
         loop.close()
 
 
-def run_role(
-    argv: list[str] | None, role: str, build: Callable[[Any], Any], index: Callable[[Any], int] = lambda cfg: 0
-) -> None:
-    """The main of a synchronous role: config from `key=value` arguments, logging, metrics on the
-    role's port, then `build(cfg).run()` until it returns or the process is told to stop.
+def run_role(cfg: Any, role: str, build: Callable[[Any], Any], index: Callable[[Any], int] = lambda cfg: 0) -> None:
+    """The main of a synchronous role, given its loaded configuration (a PipelineConfig,
+    pipeline/cli.py loads and validates it): logging, metrics on the role's port, then
+    `build(cfg).run()` until it returns or the process is told to stop.
     The built object has `.metrics` (a RoleMetrics) and `.run()`; `.close()` runs at exit if present."""
     from common.logs import setup_logging
-    from pipeline.config import load_config
 
-    cfg = load_config(sys.argv[1:] if argv is None else argv)
     i = index(cfg)
+    port = cfg.metrics.port(role, i)  # before anything starts: a learner rank past its range has none
     setup_logging(f"{role}{i}" if role in ("env_actor", "policy_server") else role)
     exit_on_sigterm()
     process = build(cfg)
-    process.metrics.serve(cfg.metrics.host, cfg.metrics.port(role, i))
+    process.metrics.serve(cfg.metrics.host, port)
     try:
         process.run()
     except (KeyboardInterrupt, SystemExit):

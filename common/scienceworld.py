@@ -7,8 +7,12 @@ Each instance owns one JVM (py4j): one per process or thread, always closed.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 _WORD = re.compile(r"[a-z0-9]+")
 _EDGE_NOISE = re.compile(r"^[\s>`\"']+|[\s.`\"']+$")  # prompt arrows, quotes, trailing dots
@@ -43,6 +47,16 @@ def most_similar_action(text: str, valid_actions: list[str]) -> tuple[str, bool]
     return best, True
 
 
+@functools.cache
+def task_names() -> tuple[str, ...]:
+    """The 30 task names, from the package's task list (no JVM); () if ScienceWorld is not installed."""
+    spec = importlib.util.find_spec("scienceworld")
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    tasks = Path(spec.submodule_search_locations[0]) / "tasks.json"
+    return tuple(t["task_name"] for t in json.loads(tasks.read_text()))
+
+
 @dataclass
 class StepResult:
     observation: str
@@ -52,8 +66,12 @@ class StepResult:
     valid_actions: list[str]
 
 
+# ScienceWorld ends an episode after this many steps unless told otherwise (its own default).
+DEFAULT_STEP_LIMIT = 100
+
+
 class ScienceWorld:
-    def __init__(self, simplification: str = "easy", step_limit: int = 100):
+    def __init__(self, simplification: str, step_limit: int = DEFAULT_STEP_LIMIT):  # simplification: env.simplification
         from scienceworld import ScienceWorldEnv  # starts a JVM
 
         self.env = ScienceWorldEnv("", envStepLimit=step_limit)

@@ -1,21 +1,45 @@
-"""The request loop of the synchronous servers (replay buffer, memory service): receive, reject
-and count malformed input, answer, count. The policy server has its own asyncio loop."""
+"""What every server shares: a handler table per server (message type -> method) with one answer
+to a type it does not serve, and the request loop of the synchronous servers (replay buffer,
+memory service): receive, reject and count malformed input, answer, count. The policy server has
+its own asyncio loop over the same kind of table."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import zmq
 
 from common.metrics import RoleMetrics
 from protocol import Message, ProtocolError, bind_router, recv_request, send_reply
+from protocol.messages import ErrorReply
 
 log = logging.getLogger(__name__)
 
+# A server's handler table: the message types it serves, each with the method that answers it.
+HandlerTable = Mapping[type[Message], Callable[..., Any]]
 
-def serve_requests(endpoint: str, handle: Callable[[Message], Message], metrics: RoleMetrics) -> None:
-    """Bind a ROUTER at `endpoint` and answer every request with handle(request), forever."""
+
+def unexpected_kind(msg: Message, metrics: RoleMetrics) -> ErrorReply:
+    """The answer of every server to a well-formed message of a type it does not serve, counted
+    in empo2_<role>_messages_rejected_total{reason="unexpected_kind"}."""
+    metrics.rejected.labels("unexpected_kind").inc()
+    return ErrorReply(reason="unexpected_kind", detail=f"{msg.KIND} is not served here")
+
+
+def dispatch(handlers: HandlerTable, msg: Message, metrics: RoleMetrics, *context: Any) -> Any:
+    """`handlers[type(msg)](msg, *context)`: what the handler returns (a reply, or for the asyncio
+    policy server possibly a coroutine), or the unexpected_kind ErrorReply when the table has no
+    entry for the message's type."""
+    handler = handlers.get(type(msg))
+    if handler is None:
+        return unexpected_kind(msg, metrics)
+    return handler(msg, *context)
+
+
+def serve_requests(endpoint: str, handlers: HandlerTable, metrics: RoleMetrics) -> None:
+    """Bind a ROUTER at `endpoint` and answer every request with its handler's reply, forever."""
     sock = bind_router(zmq.Context.instance(), endpoint)
     while True:
         try:
@@ -25,6 +49,6 @@ def serve_requests(endpoint: str, handle: Callable[[Message], Message], metrics:
             log.warning("rejected message: %s", exc)
             continue
         metrics.messages_in.labels(request.message.KIND).inc()
-        reply = handle(request.message)
+        reply = dispatch(handlers, request.message, metrics)
         send_reply(sock, request.identity, reply)
         metrics.messages_out.labels(reply.KIND).inc()

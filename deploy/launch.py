@@ -12,7 +12,6 @@ Run: `empo2-run [key=value ...]`  (what `make run` does after set-up).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.model_prep import resolve_model
-from common.process import signal_group, wait_group
+from common.process import signal_group, spawn_role, wait_group
 from deploy.monitor import scrape, total
-from pipeline.config import PipelineConfig, load_config
+from pipeline.cli import role_config
+from pipeline.config import PipelineConfig
 
 
 @dataclass
@@ -62,17 +62,21 @@ class Launcher:
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
         for name, (module, *role_args) in self.roles:
             log_path = self.log_dir / f"{name}.log"
-            argv = [sys.executable, "-m", module, *self.overrides, *role_args]
-            with open(log_path, "ab") as log_file:
-                # own session: stopping a child's process group also stops its JVM / vLLM workers
-                process = subprocess.Popen(
-                    argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
-                )
+            process = spawn_role(module, [*self.overrides, *role_args], log_path)
             self.children.append(Child(name, process, log_path))
             print(f"[launch] started {name} (pid {process.pid}), log {log_path}", flush=True)
+
+    def check_alive(self) -> None:
+        """RuntimeError naming the first started process that has exited, with its log's last
+        lines: a tool waiting on the processes fails at once instead of at its deadline."""
+        for child in self.children:
+            if child.process.poll() is not None:
+                raise RuntimeError(
+                    f"{child.name} exited with {child.process.returncode}; "
+                    f"last lines of {child.log_path}:\n{child.tail()}"
+                )
 
     def progress(self) -> dict[str, float]:
         m, host = self.cfg.metrics, self.cfg.metrics.host
@@ -136,9 +140,9 @@ class Launcher:
             child.process.wait()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    cfg = load_config(argv)
+    cfg = cfg or role_config("empo2-run", argv)
     t0 = time.time()
     print(f"[launch] run dir {cfg.run_dir}; preparing model {cfg.model.name}", flush=True)
     print(f"[launch] model at {resolve_model(cfg.model.name, cfg.model.cache_dir or None)}", flush=True)

@@ -9,7 +9,7 @@ stored (at most tta.reflection_wait_s later), so every trial sees the memories o
 ones. Prints a line per trial and a table of scores (trial 1..K, mean per trial), also written
 to <run_dir>/tta.json. The started processes are always stopped.
 
-Sockets (DEALER clients, through actors.env_actor.ActorProcess):
+Sockets (DEALER clients, through the env actor's client API, actors.env_actor.EnvWorker):
   policy servers: Ping -> Pong ; GenerateRequest -> GenerateResponse
   memory service: Ping -> Pong ; MemoryQuery -> MemoryResult ; EpisodeReport -> Ack
 Reads the memory service's Prometheus endpoint to see a reflection stored.
@@ -25,23 +25,24 @@ import statistics
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
-from actors.env_actor import ActorProcess, EpisodeRunner, open_episode_runner
+from actors.env_actor import EnvWorker
 from common.logs import setup_logging
 from common.model_prep import resolve_model
 from common.process import exit_on_sigterm
 from deploy.launch import Launcher, role_commands
 from deploy.monitor import scrape, total
-from pipeline.config import PipelineConfig, load_config
+from pipeline.cli import role_config
+from pipeline.config import PipelineConfig
 from protocol.messages import ON_POLICY_TIPS, Assignment
-from protocol.transport import wait_until_ready
 
 log = logging.getLogger("tta")
 
 TTA_ROLES = ("policy_server", "memory_service")  # prefixes of deploy.launch.role_commands names
 REFLECTIONS = "empo2_memory_service_reflections_total"
 REFLECTION_ERRORS = 'empo2_memory_service_errors_total{where="reflection"}'
+REFLECTION_POLL_S = 0.5  # how often the memory service's metrics are read while a reflection is awaited
 
 
 @dataclass
@@ -59,19 +60,12 @@ def tta_roles(cfg: PipelineConfig) -> list[tuple[str, list[str]]]:
     return [(name, argv) for name, argv in role_commands(cfg) if name.startswith(TTA_ROLES)]
 
 
-def check_alive(launcher: Launcher) -> None:
-    """A started process that died ends the run with its log's last lines instead of a long wait."""
-    for child in launcher.children:
-        if child.process.poll() is not None:
-            raise RuntimeError(
-                f"{child.name} exited with {child.process.returncode}; last lines of {child.log_path}:\n{child.tail()}"
-            )
-
-
-def wait_for_servers(actor: ActorProcess, launcher: Launcher, timeout_s: float) -> None:
-    for client in [*actor.policies, actor.memory]:
-        print(f"[tta] waiting for {client.endpoint}", flush=True)
-        wait_until_ready(client, "tta", timeout_s, on_wait=lambda _left: check_alive(launcher))
+def wait_for_servers(worker: EnvWorker, launcher: Launcher) -> None:
+    """The policy servers and the memory service ready; a started process that died ends the run
+    with its log's last lines instead of a long wait."""
+    endpoints = [*worker.cfg.endpoints.policy_servers, worker.cfg.endpoints.memory_service]
+    print(f"[tta] waiting for {', '.join(endpoints)}", flush=True)
+    worker.wait_ready(buffer=False, memory=True, on_wait=lambda _endpoint, _left: launcher.check_alive())
 
 
 def reflection_counts(cfg: PipelineConfig) -> tuple[float, float]:
@@ -85,21 +79,19 @@ def wait_for_reflection(cfg: PipelineConfig, launcher: Launcher, before: tuple[f
     or tta.reflection_wait_s passed (the next trial then plays without that trial's memories)."""
     deadline = time.monotonic() + cfg.tta.reflection_wait_s
     while time.monotonic() < deadline:
-        check_alive(launcher)
+        launcher.check_alive()
         stored, failed = reflection_counts(cfg)
         if stored > before[0]:
             return True
         if failed > before[1]:
             log.warning("the reflection failed (see memory_service.log); the next trial goes without it")
             return False
-        time.sleep(0.5)
+        time.sleep(REFLECTION_POLL_S)
     log.warning("no reflection stored within %.0fs; the next trial goes without it", cfg.tta.reflection_wait_s)
     return False
 
 
-def play_trial(
-    cfg: PipelineConfig, launcher: Launcher, actor: ActorProcess, runner: EpisodeRunner, result: TaskResult
-) -> None:
+def play_trial(cfg: PipelineConfig, launcher: Launcher, worker: EnvWorker, result: TaskResult) -> None:
     trial = len(result.scores)
     # the training assignment's seed policy: one group per (task, variation), one slot per trial
     assignment = Assignment(
@@ -111,9 +103,10 @@ def play_trial(
         seed=trial,
     )
     t0 = time.monotonic()
-    trajectory, stats = runner.play(assignment, actor.actor_id, actor._generate, actor._retrieve)
+    episode = worker.play(assignment, temperature=cfg.tta.temperature)
+    trajectory, stats = episode.trajectory, episode.stats
     before = reflection_counts(cfg)
-    actor._report_to_memory(trajectory, runner.env.task_description)
+    worker.report_episode(episode)
     # also after the last trial: the store is complete when the memory service is stopped
     stored = wait_for_reflection(cfg, launcher, before)
     result.scores.append(trajectory.score)
@@ -145,14 +138,14 @@ def write_results(cfg: PipelineConfig, results: list[TaskResult]) -> None:
     cfg.run_path("tta.json").write_text(json.dumps(report, indent=1))
 
 
-def play_all(cfg: PipelineConfig, launcher: Launcher, actor: ActorProcess, runner: EpisodeRunner) -> list[TaskResult]:
+def play_all(cfg: PipelineConfig, launcher: Launcher, worker: EnvWorker) -> list[TaskResult]:
     results: list[TaskResult] = []
     for task in cfg.tta.tasks:
-        for variation in runner.env.test_variations(task)[: cfg.tta.variations]:
+        for variation in worker.env.test_variations(task)[: cfg.tta.variations]:
             results.append(TaskResult(task, variation))
             for _ in range(cfg.tta.trials):
-                check_alive(launcher)
-                play_trial(cfg, launcher, actor, runner, results[-1])
+                launcher.check_alive()
+                play_trial(cfg, launcher, worker, results[-1])
                 write_results(cfg, results)  # after every trial, so an interrupted run keeps what it played
     return results
 
@@ -171,23 +164,23 @@ def run(cfg: PipelineConfig, overrides: list[str]) -> list[TaskResult]:
     with ExitStack() as cleanup:
         cleanup.callback(launcher.stop)  # registered first, so it runs last and also after a partial start
         launcher.start()
-        runner = open_episode_runner(cfg)  # the tokenizer and the JVM load while the servers start
-        cleanup.callback(runner.env.close)
-        # the actor's request / retrieve / report logic, sampling at the evaluation temperature
-        actor = ActorProcess(replace(cfg, env_actor=replace(cfg.env_actor, temperature=cfg.tta.temperature)))
-        wait_for_servers(actor, launcher, cfg.env_actor.startup_timeout_s)
+        # the env actor's episodes, requests, retrieval and reports (sampling at tta.temperature)
+        worker = EnvWorker(cfg)
+        cleanup.callback(worker.close)
+        worker.open()  # the tokenizer and the JVM load while the servers start
+        wait_for_servers(worker, launcher)
         entries = total(scrape(cfg.metrics.host, cfg.metrics.port("memory_service")), "empo2_memory_service_entries")
         print(
             f"[tta] ready; memory holds {entries:.0f} entries; {cfg.tta.trials} trials per task at temperature "
             f"{cfg.tta.temperature}",
             flush=True,
         )
-        return play_all(cfg, launcher, actor, runner)
+        return play_all(cfg, launcher, worker)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    cfg = load_config(argv)
+    cfg = cfg or role_config("empo2-memory-tta", argv)
     setup_logging("tta")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # closing ScienceWorld logs harmless tracebacks at INFO
     exit_on_sigterm()

@@ -53,7 +53,7 @@ def turn_rewards(traj: Trajectory, score_scale: float, intrinsic: np.ndarray) ->
     return np.full(traj.num_turns, traj.score * score_scale, dtype=np.float64) + intrinsic
 
 
-def group_advantages(rewards: list[np.ndarray], eps: float = 1e-6) -> list[np.ndarray]:
+def group_advantages(rewards: list[np.ndarray], eps: float) -> list[np.ndarray]:
     """GRPO: normalise each group member's turn rewards by the group's mean and std."""
     pooled = np.concatenate(rewards)
     mean, std = pooled.mean(), pooled.std()
@@ -75,9 +75,8 @@ def discounted_returns(traj: Trajectory, score_scale: float, intrinsic: np.ndarr
 def anchor_step_advantages(
     members: list[Trajectory], returns: list[np.ndarray], norm: str, eps: float
 ) -> list[np.ndarray]:
-    """GiGPO's step advantage: normalise returns within groups of identical states."""
-    if norm not in ("std", "mean"):
-        raise ValueError(f"learner.gigpo_step_norm must be std|mean, got {norm!r}")
+    """GiGPO's step advantage: normalise returns within groups of identical states; `norm` is
+    learner.gigpo_step_norm ("std", or "mean" for mean-only; validated at load)."""
     anchors: dict[str, list[tuple[int, int]]] = {}
     for i, traj in enumerate(members):
         for t, state in enumerate(traj.observations):

@@ -33,15 +33,13 @@ from torch.distributed.fsdp import fully_shard
 
 from protocol.codec import Message, decode, encode, pack_frames, unpack_frames
 
-DEVICES = ("auto", "cpu", "cuda")
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-def init(device: str = "cpu") -> torch.device:
+def init(device: str) -> torch.device:
     """Join torchrun's process group (RANK, WORLD_SIZE, MASTER_ADDR/PORT in the environment) or,
-    in a plain process, start a group of one with an in-memory store; returns this rank's device."""
-    if device not in DEVICES:
-        raise ValueError(f"learner.device must be one of {'|'.join(DEVICES)}, got {device!r}")
+    in a plain process, start a group of one with an in-memory store; returns this rank's device.
+    `device` is learner.device (auto | cpu | cuda, validated at load)."""
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(
             "learner.device=cuda but torch sees no CUDA device (CPU-only torch build, or no GPU visible); "

@@ -38,9 +38,11 @@ import torch
 
 @dataclass
 class ClipConfig:
-    clip_low: float = 0.2  # ε_low
-    clip_high: float = 0.3  # ε_high
-    dual_clip: float = 10.0  # c
+    """The clip constants, from learner.clip_low / clip_high / dual_clip (the paper: 0.2 / 0.3 / 10)."""
+
+    clip_low: float  # ε_low
+    clip_high: float  # ε_high
+    dual_clip: float  # c
 
 
 def clipped_policy_loss(
@@ -49,9 +51,11 @@ def clipped_policy_loss(
     advantages: torch.Tensor,  # [N] the turn's advantage, repeated over its tokens
     clip: ClipConfig,
     proximal_logp: torch.Tensor | None = None,  # [N] log πprox (no grad): decoupled PPO if given
-    behaviour_weight_cap: float = 5.0,
+    behaviour_weight_cap: float | None = None,  # decoupled PPO: learner.behaviour_weight_cap (required then)
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token loss L_t [N] and per-token diagnostics (all detached but the loss)."""
+    if proximal_logp is not None and behaviour_weight_cap is None:
+        raise TypeError("decoupled PPO (proximal_logp given) needs behaviour_weight_cap")
     anchor_logp = behaviour_logp if proximal_logp is None else proximal_logp
     logratio = logp - anchor_logp
     ratio = torch.exp(logratio)

@@ -16,10 +16,9 @@ import torch
 
 from learner.config import LearnerConfig
 
-SCHEDULES = ("constant", "linear", "cosine")
-
 
 def lr_factor(step: int, schedule: str, warmup_steps: int, total_steps: int) -> float:
+    """`schedule` is learner.lr_schedule (constant | linear | cosine, validated at load)."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     u = (step - warmup_steps) / max(total_steps - warmup_steps, 1)
@@ -31,8 +30,6 @@ def lr_factor(step: int, schedule: str, warmup_steps: int, total_steps: int) -> 
 
 
 def build_optimizer(params, cfg: LearnerConfig) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    if cfg.lr_schedule not in SCHEDULES:
-        raise ValueError(f"learner.lr_schedule must be one of {'|'.join(SCHEDULES)}, got {cfg.lr_schedule!r}")
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, cfg.lr_schedule, cfg.warmup_steps, cfg.total_steps)

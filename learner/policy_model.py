@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 
-def load_policy(model_path: str, device: str = "cpu"):
+def load_policy(model_path: str, device: str | torch.device):  # the learner's resolved device
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)

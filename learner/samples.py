@@ -49,11 +49,12 @@ def remove_spans(prompt: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray
 
 @dataclass
 class GiGPO:
-    """Step-level anchor-state advantage on top of GRPO's (learner/advantages.py)."""
+    """Step-level anchor-state advantage on top of GRPO's (learner/advantages.py), from
+    learner.gigpo_gamma, gigpo_step_weight and gigpo_step_norm."""
 
-    gamma: float = 0.95
-    step_weight: float = 1.0
-    norm: str = "std"
+    gamma: float
+    step_weight: float
+    norm: str  # "std" | "mean"
 
 
 def group_turn_advantages(

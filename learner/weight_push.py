@@ -1,8 +1,8 @@
-"""Push the learner's weights to every policy server, by one of four methods (learner.weight_sync):
+"""Push the learner's weights to every policy server, by one of four methods (weight_sync.method):
 
 - "zmq": tensors travel as uint8 views of their memory (zero-copy on CPU) in WeightChunk
-  messages of about `chunk_bytes`, with an XXH3-128 checksum over all bytes; works across hosts.
-- "shm": the learner writes one safetensors file in `weight_dir` (/dev/shm: shared memory,
+  messages of about `zmq_chunk_bytes`, with an XXH3-128 checksum over all bytes; works across hosts.
+- "shm": the learner writes one safetensors file in `shm_dir` (/dev/shm: shared memory,
   written once for every server on the host; the same file is rewritten in place at every push,
   protocol/weight_file.py) and sends its path and checksum in a WeightFile message; each server
   verifies it and loads it straight from the mapping. The file is removed when the learner exits.
@@ -25,11 +25,10 @@ from pathlib import Path
 
 import torch
 
-from learner.config import LearnerConfig
 from learner.lora import adapter_tensors, is_lora
+from pipeline.config import WeightSyncConfig
 from protocol import Client
 from protocol.messages import (
-    WEIGHT_SYNC_METHODS,
     NcclTransferInit,
     NcclTransferUpdate,
     TensorMeta,
@@ -115,20 +114,25 @@ def push_weights(clients: list[Client], chunks: list[WeightChunk], timeout_s: fl
 
 
 class WeightPusher:
-    """learner.weight_sync -> one call that brings every policy server to a new version."""
+    """weight_sync.method -> one call that brings every policy server to a new version. The
+    configuration was validated at load (pipeline/config.py: e.g. no nccl with LoRA); each push
+    to one server may take up to `push_timeout_s` (learner.push_timeout_s)."""
 
-    def __init__(self, cfg: LearnerConfig, clients: list[Client], tensor_parallel_size: int = 1, shm_name: str = ""):
-        if cfg.weight_sync not in WEIGHT_SYNC_METHODS:
-            raise ValueError(
-                f"learner.weight_sync must be one of {'|'.join(WEIGHT_SYNC_METHODS)}, got {cfg.weight_sync!r}"
-            )
-        if cfg.lora_rank and cfg.weight_sync == "nccl":
-            raise ValueError("adapter-only LoRA pushes travel by learner.weight_sync=zmq, shm or checkpoint, not nccl")
-        self.cfg, self.clients = cfg, clients
-        self.nccl = NcclWeightPusher(cfg, clients, tensor_parallel_size) if cfg.weight_sync == "nccl" else None
+    def __init__(
+        self,
+        sync: WeightSyncConfig,
+        clients: list[Client],
+        push_timeout_s: float,
+        tensor_parallel_size: int,
+        shm_name: str = "",
+    ):
+        self.sync, self.clients, self.push_timeout_s = sync, clients, push_timeout_s
+        self.nccl = (
+            NcclWeightPusher(sync, clients, push_timeout_s, tensor_parallel_size) if sync.method == "nccl" else None
+        )
         # shm: one file, rewritten at every push (its pages stay allocated); named after the run
         # (shm_name), a learner restarted after a crash reuses the file its predecessor left
-        self.shm_path = Path(cfg.weight_dir) / f"empo2-weights-{shm_name or os.getpid()}.safetensors"
+        self.shm_path = Path(sync.shm_dir) / f"empo2-weights-{shm_name or os.getpid()}.safetensors"
 
     def close(self) -> None:
         """Remove the shared-memory weight file (servers have loaded what they need from it)."""
@@ -137,19 +141,17 @@ class WeightPusher:
     def push(self, tensors: list[tuple[str, torch.Tensor]], version: int, lora_scale: float = 0.0) -> PushTiming:
         """zmq, shm or nccl: every server runs `version` when this returns. lora_scale > 0: the
         tensors are a LoRA adapter (adapter-only push; zmq and shm)."""
-        if self.cfg.weight_sync == "zmq":
+        if self.sync.method == "zmq":
             return push_weights(
                 self.clients,
-                build_chunks(tensors, version, self.cfg.weight_chunk_bytes, lora_scale),
-                self.cfg.push_timeout_s,
+                build_chunks(tensors, version, self.sync.zmq_chunk_bytes, lora_scale),
+                self.push_timeout_s,
             )
-        if self.cfg.weight_sync == "nccl":
+        if self.sync.method == "nccl":
             return self.nccl.push(tensors, version)
         t0 = time.perf_counter()
         checksum = write_weight_file(self.shm_path, tensors)
-        timing = push_weight_file(
-            self.clients, str(self.shm_path), checksum, version, self.cfg.push_timeout_s, lora_scale
-        )
+        timing = push_weight_file(self.clients, str(self.shm_path), checksum, version, self.push_timeout_s, lora_scale)
         return PushTiming(time.perf_counter() - t0, timing.engine_seconds)
 
     def push_checkpoint(self, checkpoint_dir: Path, version: int) -> PushTiming:
@@ -160,7 +162,7 @@ class WeightPusher:
                 f"{checkpoint_dir} has no single model.safetensors (sharded checkpoints are not supported by weight_sync=checkpoint)"
             )
         return push_weight_file(
-            self.clients, str(path.resolve()), file_checksum(str(path)), version, self.cfg.push_timeout_s
+            self.clients, str(path.resolve()), file_checksum(str(path)), version, self.push_timeout_s
         )
 
 
@@ -168,7 +170,7 @@ def require_cuda(what: str) -> None:
     if not torch.cuda.is_available():
         raise RuntimeError(
             f"{what} needs a CUDA GPU, and none is visible (torch.cuda.is_available() is False). "
-            "On CPU hosts use learner.weight_sync=zmq (any host), shm (same host) or checkpoint (shared filesystem)."
+            "On CPU hosts use weight_sync.method=zmq (any host), shm (same host) or checkpoint (shared filesystem)."
         )
 
 
@@ -206,20 +208,20 @@ class ZmqWeightSyncClient:
 
 
 class NcclWeightPusher:
-    """learner.weight_sync=nccl: one vLLM NCCL transfer group per policy server (the learner is
+    """weight_sync.method=nccl: one vLLM NCCL transfer group per policy server (the learner is
     rank 0, the server's tensor-parallel workers follow), on ports nccl_port, nccl_port+1, ..."""
 
-    def __init__(self, cfg: LearnerConfig, clients: list[Client], tensor_parallel_size: int):
-        require_cuda("learner.weight_sync=nccl")
+    def __init__(self, sync: WeightSyncConfig, clients: list[Client], push_timeout_s: float, tensor_parallel_size: int):
+        require_cuda("weight_sync.method=nccl")
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
 
         self.source = _TensorSource()
         self.groups = []
         for i, client in enumerate(clients):
-            sync_client = ZmqWeightSyncClient(client, cfg.push_timeout_s)
+            sync_client = ZmqWeightSyncClient(client, push_timeout_s)
             info = NCCLTrainerInitInfo(
-                master_address=cfg.nccl_address,
-                master_port=cfg.nccl_port + i,
+                master_address=sync.nccl_address,
+                master_port=sync.nccl_port + i,
                 world_size=1 + tensor_parallel_size,
                 rank=0,
             )

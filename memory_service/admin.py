@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 
+from memory_service.config import MemoryServiceConfig
 from memory_service.store import Entry, MemoryStore
 
 
@@ -61,7 +62,12 @@ def main(argv: list[str] | None = None) -> None:
     imp = sub.add_parser("import", help="JSONL -> store (dedup, FIFO cap)")
     imp.add_argument("jsonl")
     imp.add_argument("db")
-    imp.add_argument("--capacity", type=int, default=1000, help="FIFO cap per memory (memory_service.capacity)")
+    imp.add_argument(
+        "--capacity",
+        type=int,
+        default=MemoryServiceConfig.capacity,
+        help="FIFO cap per memory (default: memory_service.capacity's)",
+    )
     args = parser.parse_args(argv)
     if args.command == "export":
         print(f"exported {export_store(args.db, args.out)} entries to {args.out}")

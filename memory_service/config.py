@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.choices import Choice
+
 EMBEDDED_EMBEDDER = "embedded:all-MiniLM-L6-v2"
 REFLECTION_SYSTEM = (
     "You review an agent's attempt at a ScienceWorld task and write one short lesson for its next attempt."
@@ -14,13 +16,20 @@ REFLECTION_INSTRUCTION = (
 )
 
 
+# Which episodes share a memory: one per (task, variation) (the paper), per task, or one for all.
+# Functional form: OmegaConf matches members by name, and `global` is a Python keyword.
+MemoryKey = Choice(
+    "MemoryKey", [("task_variation", "task_variation"), ("task", "task"), ("global", "global")], module=__name__
+)
+
+
 @dataclass
 class MemoryServiceConfig:
     embedder: str = EMBEDDED_EMBEDDER  # any sentence-transformers model dir/name, or the embedded one
     similarity_threshold: float = 0.5  # cosine similarity a memory must exceed to be retrieved
     top_k: int = 10  # memories returned per query, highest episode score first
     capacity: int = 1000  # FIFO cap per memory
-    key: str = "task_variation"  # one memory per "task_variation" | "task" | "global"
+    key: MemoryKey = MemoryKey.task_variation  # one memory per task_variation | task | global
     reflection_system: str = REFLECTION_SYSTEM  # system prompt of the reflection request
     reflection_instruction: str = REFLECTION_INSTRUCTION  # closes the user turn, after the attempt
     reflection_steps_shown: int = 12  # the last N (state, action) steps of the episode are shown

@@ -23,6 +23,7 @@ import numpy as np
 import zmq
 from threadpoolctl import threadpool_limits
 
+from common.logs import short_id
 from common.metrics import MemoryServiceMetrics
 from common.model_prep import resolve_model
 from common.process import run_role
@@ -30,18 +31,27 @@ from common.server import serve_requests
 from memory_service.config import MemoryServiceConfig
 from memory_service.embedder import Embedder
 from memory_service.store import Entry, MemoryStore, memory_key
+from pipeline.cli import role_config
 from pipeline.config import PipelineConfig
 from protocol import Client
-from protocol.messages import Ack, EpisodeReport, ErrorReply, GenerateRequest, MemoryQuery, MemoryResult, Ping, Pong
+from protocol.messages import Ack, EpisodeReport, GenerateRequest, MemoryQuery, MemoryResult, Ping, Pong
 
 log = logging.getLogger("memory_service")
 
+# Each step's state in the reflection prompt is cut to this many characters: the prompt shows
+# reflection_steps_shown steps and must stay well inside the policy's context (max_model_len).
+REFLECTION_STATE_CHARS = 160
+# The stored reflection's first characters in the log line (the whole text is in the store).
+LOGGED_REFLECTION_CHARS = 120
 
-def reflection_messages(report: EpisodeReport, mcfg: MemoryServiceConfig | None = None) -> list[dict]:
+
+def reflection_messages(report: EpisodeReport, mcfg: MemoryServiceConfig) -> list[dict]:
     """The chat the policy answers with its reflection (prompts from memory_service config)."""
-    mcfg = mcfg or MemoryServiceConfig()
     steps = list(zip(report.actions, report.observations))[-mcfg.reflection_steps_shown :]
-    lines = "\n".join(f"{i + 1}. state: {obs.strip()[:160]!r} -> action: {act}" for i, (act, obs) in enumerate(steps))
+    lines = "\n".join(
+        f"{i + 1}. state: {obs.strip()[:REFLECTION_STATE_CHARS]!r} -> action: {act}"
+        for i, (act, obs) in enumerate(steps)
+    )
     user = f"Task: {report.task_description}\nAttempt:\n{lines}\nFinal score: {report.score:.0f}/100.\n\n{mcfg.reflection_instruction}"
     return [{"role": "system", "content": mcfg.reflection_system}, {"role": "user", "content": user}]
 
@@ -64,27 +74,29 @@ class MemoryService:
         self.metrics.memories.set(memories)
         self.metrics.entries.set(entries)
         log.info("memory store %s: %d entries in %d memories", cfg.run_path(self.mcfg.db_file), entries, memories)
+        self.handlers = {  # what this server answers (common/server.py: anything else is an unexpected kind)
+            Ping: self.ping,
+            MemoryQuery: self.retrieve,
+            EpisodeReport: self.queue_report,
+        }
 
     # ---------------------------------------------------------------- request loop (main thread)
     def run(self) -> None:
         threading.Thread(target=self._reflection_worker, name="reflection", daemon=True).start()
         log.info("memory service on %s", self.cfg.endpoints.memory_service)
-        serve_requests(self.cfg.endpoints.memory_service, self.handle, self.metrics)
+        serve_requests(self.cfg.endpoints.memory_service, self.handlers, self.metrics)
 
     def close(self) -> None:
         self.store.close()
 
-    def handle(self, msg):
-        if isinstance(msg, Ping):
-            return Pong(role="memory_service", policy_version=-1, ready=True)
-        if isinstance(msg, MemoryQuery):
-            return self.retrieve(msg)
-        if isinstance(msg, EpisodeReport):
-            self.reports.put(msg)
-            self.metrics.reflection_queue.set(self.reports.qsize())
-            return Ack(ref=msg.episode_id, detail="queued for reflection")
-        self.metrics.rejected.labels("unexpected_kind").inc()
-        return ErrorReply(reason="unexpected_kind", detail=f"{msg.KIND} is not served here")
+    def ping(self, msg: Ping) -> Pong:
+        return Pong(role="memory_service", policy_version=-1, ready=True)
+
+    def queue_report(self, report: EpisodeReport) -> Ack:
+        """Acknowledged at once: the reflection worker reflects on it and stores its entries later."""
+        self.reports.put(report)
+        self.metrics.reflection_queue.set(self.reports.qsize())
+        return Ack(ref=report.episode_id, detail="queued for reflection")
 
     def retrieve(self, query: MemoryQuery) -> MemoryResult:
         key = memory_key(self.mcfg.key, query.task, query.variation)
@@ -165,7 +177,12 @@ class MemoryService:
             added += self.store.add(key, entries, vectors[offset : offset + n])
             offset += n
             self.metrics.memory_entries.labels(key).set(self.store.size(key))
-            log.info("episode %s: reflection stored (%d steps): %r", report.episode_id[:8], n, reflection[:120])
+            log.info(
+                "episode %s: reflection stored (%d steps): %r",
+                short_id(report.episode_id),
+                n,
+                reflection[:LOGGED_REFLECTION_CHARS],
+            )
         memories, total = self.store.stats()
         self.metrics.reflections.inc(len(reflected))
         self.metrics.memories.set(memories)
@@ -173,8 +190,8 @@ class MemoryService:
         return added
 
 
-def main(argv: list[str] | None = None) -> None:
-    run_role(argv, "memory_service", MemoryService)
+def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> None:
+    run_role(cfg or role_config("empo2-memory-service", argv), "memory_service", MemoryService)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+# Rows of a memory's first vector array; it doubles as the memory fills, up to the capacity.
+INITIAL_ROWS = 16
+
 
 @dataclass
 class Entry:
@@ -45,7 +48,7 @@ class _Memory:
         if self.size < self.capacity:
             slot = self.size
             if slot == len(self.vectors):  # grow by doubling, up to the capacity
-                grown = min(max(2 * slot, 16), self.capacity)
+                grown = min(max(2 * slot, INITIAL_ROWS), self.capacity)
                 self.vectors = np.resize(self.vectors, (grown, self.vectors.shape[1]))
                 self.scores = np.resize(self.scores, grown)
             self.entries.append(entry)
@@ -82,7 +85,7 @@ def memory_key(kind: str, task: str, variation: int) -> str:
 
 
 class MemoryStore:
-    def __init__(self, db_path: str | Path, capacity: int = 1000):
+    def __init__(self, db_path: str | Path, capacity: int):  # capacity: memory_service.capacity
         self.capacity = capacity
         self.memories: dict[str, _Memory] = {}
         self.lock = threading.Lock()

@@ -1,21 +1,41 @@
-"""The whole pipeline's configuration: one typed tree; each role reads its own section.
+"""The whole pipeline's configuration: one typed tree, the composition root above the roles.
 
-conf/*.yaml is validated against these dataclasses (Hydra structured config), so a typo or a
-wrong type fails at start-up with the offending key named. Role sections live in their packages.
+Each role reads its own section (its dataclass lives in its package) plus the shared sections
+defined here: `model`, `endpoints`, `metrics`, `env` (ScienceWorld episodes: env actors, replay
+buffer, evaluation), `weight_sync` (learner and policy servers) and the top-level `seed`,
+`run_dir`, `startup_timeout_s`.
+
+The dataclasses hold every default (the paper's recipe); conf/pipeline.yaml only composes them
+with a preset (conf/preset/) and a profile (conf/profile/: `cpu`, the default, is the small CPU
+run of `make run`; `paper` the paper's setup). load_config validates the result before any
+process starts: OmegaConf checks types and the choice fields (Enums), `validate` every
+range and cross-section rule; a bad value raises one ConfigError naming the key.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 from actors.config import EnvActorConfig, PolicyServerConfig
+from common.choices import Choice
 from common.model_prep import EMBEDDED_MODEL
+from common.scienceworld import task_names
 from deploy.config import LaunchConfig
 from evaluation.config import TestTimeAdaptationConfig
 from learner.config import LearnerConfig
 from memory_service.config import MemoryServiceConfig
 from replay_buffer.config import ReplayBufferConfig
+
+
+class ConfigError(ValueError):
+    """A configuration refused at load; `key` names the offending key."""
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"{key}: {problem}")
+        self.key, self.problem = key, problem
 
 
 @dataclass
@@ -34,26 +54,75 @@ class EndpointsConfig:
     memory_service: str = "tcp://127.0.0.1:5570"
 
 
+# Prometheus ports, per role: (first port above metrics.base_port, how many). Disjoint ranges, so
+# no count of servers, actors or learner ranks within them can collide.
+METRICS_PORTS = {
+    "policy_server": (0, 100),  # server i: base + i, i < 100
+    "replay_buffer": (100, 1),  # base + 100
+    "memory_service": (101, 1),  # base + 101
+    "learner": (200, 100),  # torchrun rank r: base + 200 + r, r < 100
+    "env_actor": (300, 700),  # actor j: base + 300 + j, j < 700
+}
+METRICS_PORT_SPAN = 1000  # base_port .. base_port + 999
+
+
 @dataclass
 class MetricsConfig:
-    """Prometheus /metrics: policy server i on base+i, replay buffer base+10, memory service
-    base+11, learner base+12, env actor j on base+20+j."""
+    """Prometheus /metrics, one port per process (METRICS_PORTS): with the default base 9100,
+    policy server i on 9100+i, replay buffer 9200, memory service 9201, learner rank r on
+    9300+r, env actor j on 9400+j."""
 
     host: str = "127.0.0.1"
     base_port: int = 9100
 
     def port(self, role: str, index: int = 0) -> int:
-        offsets = {"policy_server": 0, "replay_buffer": 10, "memory_service": 11, "learner": 12, "env_actor": 20}
-        return self.base_port + offsets[role] + index
+        first, count = METRICS_PORTS[role]
+        if not 0 <= index < count:
+            raise ConfigError("metrics", f"{role} {index} has no metrics port: at most {count} {role} processes")
+        return self.base_port + first + index
+
+
+@dataclass
+class EnvConfig:
+    """ScienceWorld episodes: read by the env actors, the replay buffer (variation lists) and
+    the evaluation drivers."""
+
+    simplification: str = "easy"  # ScienceWorld simplification preset (or a comma-separated list)
+    max_steps: int = 30  # step limit per episode (the reference's limit for most tasks)
+    # per-task limits over max_steps, e.g. +env.max_steps_per_task.boil=100 ("+": Hydra adds a key to
+    # the map); conf/profile/paper.yaml has the reference's
+    max_steps_per_task: dict[str, int] = field(default_factory=dict)
+
+
+class WeightSyncMethod(Choice):
+    zmq = "zmq"  # WeightChunk frames over the servers' sockets (any host)
+    shm = "shm"  # one safetensors file in weight_sync.shm_dir, announced by a WeightFile (one host)
+    checkpoint = "checkpoint"  # the HF checkpoint written at each push (run_dir on a shared filesystem)
+    nccl = "nccl"  # vLLM's NCCL weight transfer (GPU hosts; not with LoRA)
+
+
+@dataclass
+class WeightSyncConfig:
+    """How the learner's new weights reach the policy servers: read by the learner and the
+    servers alike (learner/weight_push.py, actors/policy_engine.py)."""
+
+    method: WeightSyncMethod = WeightSyncMethod.zmq  # zmq | shm | checkpoint | nccl
+    shm_dir: str = "/dev/shm"  # shm: where the weight file is written (must lie in policy_server.allowed_weight_dirs)
+    nccl_address: str = "127.0.0.1"  # nccl: the learner's rendezvous address, reachable by the servers
+    nccl_port: int = 29600  # nccl: rendezvous port of the first server's group (+i for server i)
+    zmq_chunk_bytes: int = 64 << 20  # zmq: weight push message size (<= policy_server.max_weight_message_bytes)
 
 
 @dataclass
 class PipelineConfig:
     run_dir: str = "runs/default"  # logs, checkpoints, buffer log and memory store of this run (conf: one per run)
     seed: int = 0
+    startup_timeout_s: float = 900.0  # how long a client (actor, learner, evaluation) waits for its servers
     model: ModelConfig = field(default_factory=ModelConfig)
     endpoints: EndpointsConfig = field(default_factory=EndpointsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     policy_server: PolicyServerConfig = field(default_factory=PolicyServerConfig)
     env_actor: EnvActorConfig = field(default_factory=EnvActorConfig)
     replay_buffer: ReplayBufferConfig = field(default_factory=ReplayBufferConfig)
@@ -72,16 +141,265 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
 def load_config(overrides: list[str] | None = None, config_name: str = "pipeline") -> PipelineConfig:
-    """Compose conf/<config_name>.yaml with command-line style overrides into a PipelineConfig.
+    """Compose conf/<config_name>.yaml with command-line style overrides into a validated
+    PipelineConfig; raises ConfigError (key and problem) on anything it refuses.
 
     Every role's main calls this with sys.argv[1:], so `key=value` overrides work the same way
     for every process and for the launcher, which passes its own overrides down to its children.
     """
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
+    from hydra.errors import HydraException
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
     ConfigStore.instance().store(name="pipeline_schema", node=PipelineConfig)
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name=config_name, overrides=list(overrides or []))
-    return OmegaConf.to_object(cfg)
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            composed = compose(config_name=config_name, overrides=list(overrides or []))
+        cfg = OmegaConf.to_object(composed)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise _config_error(exc) from None
+    validate(cfg)
+    return cfg
+
+
+def to_yaml(cfg: PipelineConfig, sections: tuple[str, ...] | None = None) -> str:
+    """The configuration (or some of its top-level keys) as YAML, choices as their values."""
+    from omegaconf import OmegaConf
+
+    tree = OmegaConf.structured(cfg)
+    if sections is not None:
+        tree = OmegaConf.create({key: tree[key] for key in sections})
+    return OmegaConf.to_yaml(tree)
+
+
+def _config_error(exc: Exception) -> ConfigError:
+    """Hydra's and OmegaConf's exceptions as one ConfigError: the key, the problem in one line."""
+    missing = getattr(exc, "missing_cfg_file", None)  # hydra.errors.MissingConfigException: profile=nope
+    if missing and "/" in missing:
+        group, name = missing.rsplit("/", 1)
+        return ConfigError(group, f"no {name!r} in conf/{group}/; one of {', '.join(exc.options or [])}")
+    cause = exc
+    while cause is not None and not getattr(cause, "full_key", None):
+        cause = cause.__cause__
+    if cause is not None:
+        problem = str(getattr(cause, "msg", cause)).splitlines()[0]
+        return ConfigError(cause.full_key, problem)
+    lines = [line.strip() for line in str(exc).splitlines()]  # an override Hydra cannot parse
+    lines = [line for line in lines if line and not line.startswith(("See https://", "^"))]
+    return ConfigError("overrides", "; ".join(lines) or type(exc).__name__)
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+def validate(cfg: PipelineConfig) -> None:
+    """Every range and cross-section rule, checked at load (types and choices are OmegaConf's);
+    the first one broken raises ConfigError naming its key. Device checks (is a GPU there?) are
+    not config: the roles make them at start-up."""
+    rb, lr, env, ws, ps, ea, mem = (
+        cfg.replay_buffer,
+        cfg.learner,
+        cfg.env,
+        cfg.weight_sync,
+        cfg.policy_server,
+        cfg.env_actor,
+        cfg.memory_service,
+    )
+
+    def check(ok: bool, key: str, problem: str) -> None:
+        if not ok:
+            raise ConfigError(key, problem)
+
+    def at_least(key: str, value: float, low: float) -> None:
+        check(value >= low, key, f"must be >= {low}, got {value}")
+
+    def within(key: str, value: float, low: float, high: float) -> None:
+        check(low <= value <= high, key, f"must be in [{low}, {high}], got {value}")
+
+    # shared
+    at_least("startup_timeout_s", cfg.startup_timeout_s, 0)
+    check(bool(cfg.endpoints.policy_servers), "endpoints.policy_servers", "needs at least one server")
+    at_least("env.max_steps", env.max_steps, 1)
+    for task, steps in env.max_steps_per_task.items():
+        at_least(f"env.max_steps_per_task.{task}", steps, 1)
+
+    known = task_names()
+    for key, tasks in (
+        ("replay_buffer.tasks", rb.tasks),
+        ("tta.tasks", cfg.tta.tasks),
+        ("env.max_steps_per_task", list(env.max_steps_per_task)),
+    ):
+        unknown = [t for t in tasks if known and t not in known]
+        check(not unknown, key, f"not ScienceWorld tasks: {', '.join(unknown)}; the tasks are {', '.join(known)}")
+
+    # replay buffer and the learner's batch
+    check(bool(rb.tasks), "replay_buffer.tasks", "needs at least one ScienceWorld task")
+    within("replay_buffer.p_memory", rb.p_memory, 0.0, 1.0)
+    within("replay_buffer.q_off_policy", rb.q_off_policy, 0.0, 1.0)
+    at_least("replay_buffer.variations_per_task", rb.variations_per_task, 1)
+    check(rb.group_size >= 2, "replay_buffer.group_size", f"GRPO normalises within a group: >= 2, got {rb.group_size}")
+    at_least("replay_buffer.max_open_groups", rb.max_open_groups, 1)
+    at_least("learner.groups_per_step", lr.groups_per_step, 1)
+    check(
+        rb.max_ready_groups >= lr.groups_per_step,
+        "replay_buffer.max_ready_groups",
+        f"{rb.max_ready_groups} < learner.groups_per_step ({lr.groups_per_step}): "
+        "the buffer would stop at fewer complete groups than a batch, and the learner wait forever",
+    )
+    at_least("replay_buffer.batch_poll_s", rb.batch_poll_s, 0)
+    check(rb.assignment_timeout_s > 0, "replay_buffer.assignment_timeout_s", "must be > 0")
+    check(
+        lr.max_staleness >= 0,
+        "learner.max_staleness",
+        f"a group is at least 0 versions old: >= 0, got {lr.max_staleness}",
+    )
+
+    # learner
+    at_least("learner.total_steps", lr.total_steps, 0)
+    check(lr.lr > 0, "learner.lr", f"must be > 0, got {lr.lr}")
+    at_least("learner.warmup_steps", lr.warmup_steps, 0)
+    check(
+        0 <= lr.clip_low < 1, "learner.clip_low", f"the ratio is clipped at 1 - clip_low > 0: [0, 1), got {lr.clip_low}"
+    )
+    at_least("learner.clip_high", lr.clip_high, 0)
+    check(lr.dual_clip > 1, "learner.dual_clip", f"the dual-clip constant must be > 1, got {lr.dual_clip}")
+    check(lr.behaviour_weight_cap > 0, "learner.behaviour_weight_cap", "must be > 0")
+    at_least("learner.micro_batch_tokens", lr.micro_batch_tokens, 1)
+    at_least("learner.lora_rank", lr.lora_rank, 0)
+    within("learner.gigpo_gamma", lr.gigpo_gamma, 0.0, 1.0)
+    for name in ("rnd_feature_dim", "rnd_hidden", "rnd_output_dim"):
+        at_least(f"learner.{name}", getattr(lr, name), 1)
+    at_least("learner.rnd_updates", lr.rnd_updates, 0)
+    at_least("learner.checkpoint_every", lr.checkpoint_every, 0)
+    at_least("learner.keep_checkpoints", lr.keep_checkpoints, 1)
+    check(lr.push_timeout_s > 0, "learner.push_timeout_s", "must be > 0")
+    at_least("learner.torch_threads", lr.torch_threads, 0)
+
+    # weight sync: the learner's side and the servers' side must agree
+    check(
+        not (lr.lora_rank and ws.method == "nccl"),
+        "weight_sync.method",
+        "nccl is not for learner.lora_rank > 0: adapter-only LoRA pushes travel by zmq, shm or checkpoint",
+    )
+    for key, device in (("policy_server.device", ps.device), ("learner.device", lr.device)):
+        check(
+            not (ws.method == "nccl" and device == "cpu"),
+            "weight_sync.method",
+            f"nccl needs CUDA on both sides, and {key}=cpu; use zmq, shm or checkpoint on CPU hosts",
+        )
+    check(
+        ws.zmq_chunk_bytes <= ps.max_weight_message_bytes,
+        "weight_sync.zmq_chunk_bytes",
+        f"{ws.zmq_chunk_bytes} > policy_server.max_weight_message_bytes ({ps.max_weight_message_bytes}): "
+        "the servers would refuse every chunk",
+    )
+    at_least("weight_sync.zmq_chunk_bytes", ws.zmq_chunk_bytes, 1)
+    if ws.method == "shm":
+        shm = os.path.realpath(ws.shm_dir)
+        allowed = [os.path.realpath(d) for d in ps.allowed_weight_dirs]
+        check(
+            any(shm == d or shm.startswith(d + os.sep) for d in allowed),
+            "weight_sync.shm_dir",
+            f"{ws.shm_dir} is outside policy_server.allowed_weight_dirs {ps.allowed_weight_dirs}: "
+            "the servers would refuse the weight file",
+        )
+
+    # policy servers
+    check(
+        0 <= ps.index < len(cfg.endpoints.policy_servers),
+        "policy_server.index",
+        f"{ps.index} is not an index of endpoints.policy_servers ({len(cfg.endpoints.policy_servers)} entries)",
+    )
+    at_least("policy_server.tensor_parallel_size", ps.tensor_parallel_size, 1)
+    check(
+        not (ps.tensor_parallel_size > 1 and ps.device == "cpu"),
+        "policy_server.tensor_parallel_size",
+        "> 1 needs CUDA GPUs, and policy_server.device=cpu",
+    )
+    check(0 < ps.gpu_memory_utilization <= 1, "policy_server.gpu_memory_utilization", "must be in (0, 1]")
+    at_least("policy_server.max_model_len", ps.max_model_len, 1)
+    at_least("policy_server.cpu_kv_cache_gib", ps.cpu_kv_cache_gib, 1)
+
+    # env actors
+    at_least("env_actor.envs_per_actor", ea.envs_per_actor, 1)
+    at_least("env_actor.history_window", ea.history_window, 0)
+    at_least("env_actor.max_action_tokens", ea.max_action_tokens, 1)
+    at_least("env_actor.temperature", ea.temperature, 0)
+    at_least("env_actor.upload_retries", ea.upload_retries, 1)
+    for name in ("generate_timeout_s", "memory_timeout_s", "buffer_timeout_s"):
+        check(getattr(ea, name) > 0, f"env_actor.{name}", "must be > 0")
+    at_least("env_actor.memory_retry_after_s", ea.memory_retry_after_s, 0)
+
+    # memory service
+    within("memory_service.similarity_threshold", mem.similarity_threshold, -1.0, 1.0)
+    at_least("memory_service.top_k", mem.top_k, 1)
+    at_least("memory_service.capacity", mem.capacity, 1)
+    at_least("memory_service.reflection_steps_shown", mem.reflection_steps_shown, 1)
+    at_least("memory_service.reflection_max_tokens", mem.reflection_max_tokens, 1)
+    at_least("memory_service.reflection_temperature", mem.reflection_temperature, 0)
+    at_least("memory_service.reflection_batch_size", mem.reflection_batch_size, 1)
+
+    # launcher and evaluation
+    at_least("launch.num_env_actors", cfg.launch.num_env_actors, 1)
+    check(cfg.launch.timeout_s > 0, "launch.timeout_s", "must be > 0")
+    check(bool(cfg.tta.tasks), "tta.tasks", "needs at least one task")
+    at_least("tta.variations", cfg.tta.variations, 1)
+    at_least("tta.trials", cfg.tta.trials, 1)
+    at_least("tta.temperature", cfg.tta.temperature, 0)
+
+    _check_ports(cfg)
+
+
+def _check_ports(cfg: PipelineConfig) -> None:
+    """Every process's metrics port exists (the counts fit their ranges, METRICS_PORTS), lies in
+    the valid port range, and no endpoint or NCCL rendezvous port on the metrics host falls into
+    the metrics block."""
+    m = cfg.metrics
+    low, high = m.base_port, m.base_port + METRICS_PORT_SPAN - 1
+    if not (1024 <= low and high <= 65535):
+        raise ConfigError("metrics.base_port", f"the metrics ports {low}..{high} must lie in 1024..65535")
+    for key, role, count in (
+        ("endpoints.policy_servers", "policy_server", len(cfg.endpoints.policy_servers)),
+        ("launch.num_env_actors", "env_actor", cfg.launch.num_env_actors),
+        ("env_actor.index", "env_actor", cfg.env_actor.index + 1),
+    ):
+        if count > METRICS_PORTS[role][1]:
+            raise ConfigError(
+                key, f"at most {METRICS_PORTS[role][1]} {role} processes have a metrics port, got {count}"
+            )
+    if cfg.env_actor.index < 0:
+        raise ConfigError("env_actor.index", f"must be >= 0, got {cfg.env_actor.index}")
+    used = [(f"endpoints.policy_servers[{i}]", ep) for i, ep in enumerate(cfg.endpoints.policy_servers)]
+    used += [
+        ("endpoints.replay_buffer", cfg.endpoints.replay_buffer),
+        ("endpoints.memory_service", cfg.endpoints.memory_service),
+    ]
+    addresses = {key: _tcp_address(key, ep) for key, ep in used}
+    if cfg.weight_sync.method == "nccl":
+        for i in range(len(cfg.endpoints.policy_servers)):
+            addresses[f"weight_sync.nccl_port (+{i})"] = (cfg.weight_sync.nccl_address, cfg.weight_sync.nccl_port + i)
+    seen: dict[tuple[str, int], str] = {}
+    for key, address in addresses.items():
+        if address is None:
+            continue
+        if low <= address[1] <= high:
+            raise ConfigError(key, f"port {address[1]} lies in the metrics ports {low}..{high} (metrics.base_port)")
+        if address in seen:
+            raise ConfigError(key, f"{address[0]}:{address[1]} is also {seen[address]}")
+        seen[address] = key
+
+
+def _tcp_address(key: str, endpoint: str) -> tuple[str, int] | None:
+    """(host, port) of a ZeroMQ tcp:// endpoint; None for ipc:// and other transports."""
+    url = urlparse(endpoint)
+    if url.scheme != "tcp":
+        return None
+    try:
+        port = url.port
+    except ValueError:
+        port = None
+    if port is None:
+        raise ConfigError(key, f"{endpoint!r} has no valid port")
+    return url.hostname or "", port

@@ -171,11 +171,11 @@ class WeightChunk(Message):
         _check(all(d.dtype == np.uint8 and d.ndim == 1 for d in self.data), "data must be uint8[n]")
 
 
-# learner.weight_sync: how a weight update travels (learner/weight_push.py has the details)
+# The messages of each weight_sync.method (a config choice, pipeline/config.py; learner/weight_push.py
+# has the details):
 #   zmq: WeightChunk frames (any host) | shm: a WeightFile in shared memory (one host)
 #   checkpoint: a WeightFile in the learner's checkpoint directory (shared filesystem)
 #   nccl: NcclTransferInit/Update control messages, tensors over vLLM's NCCL transfer (GPU hosts)
-WEIGHT_SYNC_METHODS = ("zmq", "shm", "checkpoint", "nccl")
 
 
 @register
@@ -212,7 +212,7 @@ class WeightUpdateAck(Message):
     apply_seconds: float = 0.0  # wall time of the in-engine reload
 
 
-# vLLM's native weight transfer (learner.weight_sync=nccl, GPU hosts). The tensors travel over an
+# vLLM's native weight transfer (weight_sync.method=nccl, GPU hosts). The tensors travel over an
 # NCCL group of the learner (rank 0) and the server's workers; these messages are its control
 # plane. vLLM's trainer engine drives them (learner/weight_push.py, NcclWeightPusher).
 NCCL_DTYPES = ("float32", "bfloat16", "float16")

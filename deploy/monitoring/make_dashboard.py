@@ -26,6 +26,20 @@ PANELS = [
         "s",
         ["histogram_quantile(0.5, sum by (le) (rate(empo2_learner_step_seconds_bucket[5m])))"],
     ),
+    # the paper's Figure 12: where the learner's time goes, per phase of its step (learner/train.py, PHASES)
+    (
+        "Learner time by phase (share of wall time)",
+        "percentunit",
+        ["sum by (phase) (rate(empo2_learner_phase_seconds_sum[5m]))"],
+    ),
+    (
+        "Learner phase time per step (mean)",
+        "s",
+        [
+            "sum by (phase) (rate(empo2_learner_phase_seconds_sum[15m]))"
+            " / sum by (phase) (rate(empo2_learner_phase_seconds_count[15m]))"
+        ],
+    ),
     (
         "vLLM vs learner log-prob mismatch",
         "none",

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from common.process import stop_group
+from common.process import spawn_role, stop_group
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -17,16 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 class RoleProcess:
     def __init__(self, module: str, overrides: list[str], log_path: Path):
         self.log_path = log_path
-        env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-        with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", module, *overrides],
-                cwd=REPO,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
+        self.proc = spawn_role(module, overrides, log_path, cwd=REPO)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -8,8 +8,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -17,6 +15,7 @@ import pytest
 import zmq
 
 from common.model_prep import resolve_model
+from common.process import spawn_role
 from deploy.monitor import scrape
 from pipeline.config import load_config
 from protocol import Client
@@ -45,19 +44,10 @@ def _probe(client: Client, prompt: np.ndarray) -> GenerateResponse:
 
 
 def test_pipeline_end_to_end(tmp_path):
-    overrides = ["+profile=e2e", f"run_dir={tmp_path}", "launch.progress_every_s=10"]
+    overrides = ["profile=e2e", f"run_dir={tmp_path}", "launch.progress_every_s=10"]
     cfg = load_config(overrides)
     out_path = tmp_path / "launch.out"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
-    with open(out_path, "wb") as out:
-        launcher = subprocess.Popen(
-            [sys.executable, "-m", "deploy.launch", *overrides],
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+    launcher = spawn_role("deploy.launch", overrides, out_path, cwd=REPO)
     try:
         from transformers import AutoTokenizer
 

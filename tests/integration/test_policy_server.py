@@ -16,10 +16,10 @@ import zmq
 
 from common.model_prep import resolve_model
 from deploy.monitor import scrape, total
-from learner.config import LearnerConfig
 from learner.lora import apply_lora, lora_scale
 from learner.policy_model import load_policy, response_logprobs
 from learner.weight_push import WeightPusher, build_chunks, push_weight_file, push_weights, weight_tensors
+from pipeline.config import WeightSyncConfig
 from protocol import Client, RemoteError
 from protocol.messages import GenerateRequest, GenerateResponse, Ping, Pong, WeightChunk, WeightFile
 from protocol.transport import wait_until_ready
@@ -32,7 +32,7 @@ METRICS_PORT = 29100
 
 @pytest.fixture(scope="module")
 def model_and_tokenizer():
-    return load_policy(resolve_model("embedded:SmolLM2-135M-Instruct"))
+    return load_policy(resolve_model("embedded:SmolLM2-135M-Instruct"), "cpu")
 
 
 def greedy(client: Client, prompt: np.ndarray) -> GenerateResponse:
@@ -106,9 +106,9 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     # the server now computes exactly what the learner's updated weights compute (lm_head included)
     assert np.abs(learner_logprobs(model, prompt, after) - after.logprobs).max() < 1e-3
 
-    # the same through a weight file in shared memory (learner.weight_sync=shm): versions 2 and 3,
+    # the same through a weight file in shared memory (weight_sync.method=shm): versions 2 and 3,
     # the second rewriting the same file in place
-    pusher = WeightPusher(LearnerConfig(weight_sync="shm"), [client], shm_name=f"test-{os.getpid()}")
+    pusher = WeightPusher(WeightSyncConfig(method="shm"), [client], 300.0, 1, shm_name=f"test-{os.getpid()}")
     try:
         for version in (2, 3):
             perturb(model)
@@ -123,7 +123,7 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
         pusher.close()
     assert not pusher.shm_path.exists()
 
-    # from a learner checkpoint in the run directory (learner.weight_sync=checkpoint): version 3
+    # from a learner checkpoint in the run directory (weight_sync.method=checkpoint): version 3
     perturb(model)
     checkpoint = tmp_path / "checkpoints" / "step_000004"
     model.save_pretrained(checkpoint)  # the HF format: the tied lm_head is not in the file
@@ -162,7 +162,7 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
 
     # an adapter-only LoRA push (learner.lora_rank > 0): the server merges it onto its base model
     lora_model = apply_lora(
-        load_policy(resolve_model("embedded:SmolLM2-135M-Instruct"))[0],
+        load_policy(resolve_model("embedded:SmolLM2-135M-Instruct"), "cpu")[0],
         rank=8,
         alpha=16,
         targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def runner():
-    cfg = load_config(["env_actor.max_steps=3", "+env_actor.max_steps_per_task.find-plant=2"])
+    cfg = load_config(["env.max_steps=3", "+env.max_steps_per_task.find-plant=2"])
     runner = open_episode_runner(cfg)
     yield runner
     runner.env.close()

@@ -9,12 +9,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from common.process import spawn_role
 from common.scienceworld import ScienceWorld
+from pipeline.config import EnvConfig
 from tests.integration.conftest import REPO
 
 pytestmark = pytest.mark.integration
@@ -42,24 +43,15 @@ def _sessions_alive(sids: list[int]) -> list[str]:
 
 def test_tta_two_trials_memory_grows(tmp_path):
     overrides = [
-        "+profile=e2e",
+        "profile=e2e",
         f"run_dir={tmp_path}",
         "tta.trials=2",
         f"tta.tasks=[{TASK}]",
         "tta.variations=1",
-        "env_actor.max_steps=2",
+        "env.max_steps=2",
     ]
     out_path = tmp_path / "tta.out"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
-    with open(out_path, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "evaluation.tta", *overrides],
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+    proc = spawn_role("evaluation.tta", overrides, out_path, cwd=REPO)
     try:
         rc = proc.wait(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -70,7 +62,7 @@ def test_tta_two_trials_memory_grows(tmp_path):
     print(output[-3000:])
     assert rc == 0, output[-6000:]
 
-    env_check = ScienceWorld()
+    env_check = ScienceWorld(EnvConfig().simplification)
     try:
         first_test_variation = env_check.test_variations(TASK)[0]
     finally:

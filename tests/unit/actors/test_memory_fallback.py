@@ -1,81 +1,63 @@
-"""Degradation: with the memory service down, an actor's turn goes without tips within the
-timeout, later turns skip it at once until the retry delay passes, and it recovers."""
+"""Degradation: with the memory service down, an actor's turn goes without tips, later turns
+skip it without asking until the retry delay passes, and it recovers; a report that times out
+marks it down for the reports and retrievals that follow. Through the env worker's public
+client API (retrieve, report_episode) against a stub server that records what it is asked."""
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
+from types import SimpleNamespace
 
-import zmq
-
-from actors.env_actor import ActorProcess
+from actors.env_actor import EnvWorker, Episode, EpisodeStats
 from pipeline.config import load_config
-from protocol import bind_router, recv_request, send_reply
 from protocol.messages import MemoryResult
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+TIPS = MemoryResult(tips=["try the kitchen"], scores=[50.0], count=1)
 
 
-def test_memory_down_falls_back_then_recovers():
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
-    cfg = load_config(
-        [f"endpoints.memory_service={endpoint}", "env_actor.memory_timeout_s=0.3", "env_actor.memory_retry_after_s=1.0"]
-    )
-    actor = ActorProcess(cfg)
-
-    t0 = time.monotonic()
-    assert actor._retrieve("t", 0, "state") is None  # nothing listens: fallback after the timeout
-    first = time.monotonic() - t0
-    assert 0.25 < first < 2.0
-    t0 = time.monotonic()
-    assert actor._retrieve("t", 0, "state") is None  # within the retry delay: no waiting at all
-    assert time.monotonic() - t0 < 0.05
-
-    ctx = zmq.Context.instance()
-    server = bind_router(ctx, endpoint)
-
-    def serve_one():
-        request = recv_request(server)
-        send_reply(server, request.identity, MemoryResult(tips=["try the kitchen"], scores=[50.0], count=1))
-
-    thread = threading.Thread(target=serve_one)
-    thread.start()
-    try:
-        time.sleep(1.1)  # the retry delay has passed: the actor asks again and gets tips
-        assert actor._retrieve("t", 0, "state") == (["try the kitchen"], 1)
-    finally:
-        thread.join(timeout=5)
-        server.close(linger=0)
-        actor.memory.close()
+def kinds(server) -> list[str]:
+    return [m.KIND for m in server.received]
 
 
-def test_episode_reports_skip_a_down_memory_service():
-    """A report that times out marks the service down: the next episodes' reports are dropped at
-    once (counted) instead of each waiting out the timeout."""
-    from types import SimpleNamespace
-
+def _worker(endpoint: str, retry_after_s: float) -> EnvWorker:
     cfg = load_config(
         [
-            f"endpoints.memory_service=tcp://127.0.0.1:{_free_port()}",
+            f"endpoints.memory_service={endpoint}",
             "env_actor.memory_timeout_s=0.3",
-            "env_actor.memory_retry_after_s=30",
+            f"env_actor.memory_retry_after_s={retry_after_s}",
         ]
     )
-    actor = ActorProcess(cfg)
-    episode = SimpleNamespace(episode_id="e", task="t", variation=0, score=0.0, observations=["o"], actions=["a"])
+    return EnvWorker(cfg)
+
+
+def test_memory_down_falls_back_then_recovers(free_endpoint, stub_server):
+    worker = _worker(free_endpoint, retry_after_s=1.0)
     try:
-        t0 = time.monotonic()
-        actor._report_to_memory(episode, "task")  # nothing listens: dropped after the timeout
-        assert 0.25 < time.monotonic() - t0 < 2.0
-        t0 = time.monotonic()
-        actor._report_to_memory(episode, "task")
-        assert time.monotonic() - t0 < 0.05
-        assert actor._retrieve("t", 0, "state") is None  # retrieval skips it as well
-        assert actor.metrics.errors.labels("memory_report")._value.get() == 2
+        assert worker.retrieve("t", 0, "state") is None  # nothing listens: fallback after the timeout
+        memory = stub_server(lambda msg: TIPS, free_endpoint)
+        # the service is up now, but within the retry delay the actor does not ask it at all
+        assert worker.retrieve("t", 0, "state") is None
+        assert kinds(memory) == []
+        time.sleep(1.1)  # the retry delay has passed: the actor asks again and gets tips
+        assert worker.retrieve("t", 0, "state") == (["try the kitchen"], 1)
+        assert kinds(memory) == ["memory_query"]
     finally:
-        actor.memory.close()
+        worker.close()
+
+
+def test_episode_reports_skip_a_down_memory_service(free_endpoint, stub_server):
+    """A report that times out marks the service down: the next episodes' reports are dropped
+    without asking it (counted) instead of each waiting out the timeout."""
+    worker = _worker(free_endpoint, retry_after_s=30)
+    trajectory = SimpleNamespace(episode_id="e", task="t", variation=0, score=0.0, observations=["o"], actions=["a"])
+    episode = Episode(trajectory, "task", EpisodeStats())
+    try:
+        worker.report_episode(episode)  # nothing listens: dropped after the timeout
+        memory = stub_server(lambda msg: TIPS, free_endpoint)
+        worker.report_episode(episode)  # marked down: dropped at once
+        assert worker.retrieve("t", 0, "state") is None  # retrieval skips it as well
+        assert kinds(memory) == []
+        dropped = worker.metrics.registry.get_sample_value("empo2_env_actor_errors_total", {"where": "memory_report"})
+        assert dropped == 2
+    finally:
+        worker.close()

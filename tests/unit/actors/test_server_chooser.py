@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from actors.env_actor import ServerChooser
+from pipeline.config import ConfigError, load_config
 
 
 def test_least_loaded_prefers_the_server_with_fewest_requests_in_flight():
@@ -22,6 +23,6 @@ def test_round_robin_rotates_regardless_of_load():
     assert chooser.in_flight == [2, 2]
 
 
-def test_unknown_policy_is_refused():
-    with pytest.raises(ValueError, match="server_selection"):
-        ServerChooser(2, "random")
+def test_unknown_policy_is_refused_at_load():
+    with pytest.raises(ConfigError, match=r"env_actor\.server_selection.*least_loaded, round_robin"):
+        load_config(["env_actor.server_selection=random"])

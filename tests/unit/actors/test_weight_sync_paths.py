@@ -14,9 +14,10 @@ import pytest
 import torch
 import zmq
 
-from actors.policy_engine import PolicyEngine, VersionGate, check_weight_sync
-from learner.config import LearnerConfig
+from actors.config import PolicyServerConfig
+from actors.policy_engine import PolicyEngine, check_weight_sync
 from learner.weight_push import WeightPusher, ZmqWeightSyncClient
+from pipeline.config import ConfigError, WeightSyncConfig, load_config
 from protocol import Client, bind_router, recv_request, send_reply
 from protocol.messages import NcclTransferInit, NcclTransferUpdate, WeightUpdateAck
 
@@ -31,20 +32,19 @@ def _free_port() -> int:
 
 @no_gpu
 def test_nccl_refused_clearly_without_gpu():
-    with pytest.raises(RuntimeError, match="needs a CUDA GPU.*weight_sync=zmq"):
-        WeightPusher(LearnerConfig(weight_sync="nccl"), clients=[])
+    # device=auto passes the load (a GPU may be there); the roles refuse at start-up
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU.*weight_sync.method=zmq"):
+        WeightPusher(WeightSyncConfig(method="nccl"), [], 300.0, 1)
     with pytest.raises(RuntimeError, match="NCCL weight transfer.*CUDA GPU"):
         check_weight_sync("nccl", "cpu")
-    with pytest.raises(ValueError, match="zmq\\|shm\\|checkpoint\\|nccl"):
-        check_weight_sync("file", "cpu")
-    with pytest.raises(ValueError, match="weight_sync"):
-        WeightPusher(LearnerConfig(weight_sync="rsync"), clients=[])
     check_weight_sync("shm", "cpu")  # the CPU methods pass
 
 
-def test_lora_with_nccl_refused_at_start():
-    with pytest.raises(ValueError, match="LoRA.*not nccl"):
-        WeightPusher(LearnerConfig(weight_sync="nccl", lora_rank=8), clients=[])
+def test_unknown_method_and_lora_with_nccl_refused_at_load():
+    with pytest.raises(ConfigError, match=r"weight_sync\.method.*zmq, shm, checkpoint, nccl"):
+        load_config(["weight_sync.method=rsync"])
+    with pytest.raises(ConfigError, match=r"weight_sync\.method.*lora_rank"):
+        load_config(["weight_sync.method=nccl", "learner.lora_rank=8"])
 
 
 def test_nccl_control_plane_carries_vllm_payloads():
@@ -95,10 +95,11 @@ def test_nccl_control_plane_carries_vllm_payloads():
 
 
 class _SlowEngine:
-    """Stands in for AsyncLLM: streams one output per 10 ms tick until cancelled or done."""
+    """Stands in for AsyncLLM: streams one output per 10 ms tick until cancelled or done; records
+    the requests started and the weight loads asked of its workers."""
 
     def __init__(self, ticks: int):
-        self.ticks, self.started = ticks, []
+        self.ticks, self.started, self.rpcs = ticks, [], []
 
     async def generate(self, prompt, params, request_id):
         self.started.append(request_id)
@@ -112,34 +113,35 @@ class _SlowEngine:
                 ]
             )
 
+    async def collective_rpc(self, method, args=()):
+        self.rpcs.append((method, args))
+        return [1]  # tensors loaded per worker
+
     async def reset_prefix_cache(self):
         pass
 
 
 def _engine(on_update: str, ticks: int) -> PolicyEngine:
-    engine = object.__new__(PolicyEngine)  # no vLLM: only the gate, the retry loop and the update
-    engine.engine, engine.version, engine.gate = _SlowEngine(ticks), 0, VersionGate()
-    engine.abort_on_update, engine._running = on_update == "abort", set()
-    return engine
+    # no vLLM: the stand-in engine; the version gate, the retry loop and the update are the real ones
+    cfg = PolicyServerConfig(on_update=on_update)
+    return PolicyEngine("base-model", cfg, seed=0, weight_sync="zmq", engine=_SlowEngine(ticks))
 
 
 async def _generate_during_update(engine: PolicyEngine):
     generation = asyncio.create_task(engine.generate("r1", [1, 2], 4, 1.0, 1.0, 0, []))
     await asyncio.sleep(0.05)  # the generation is in flight
-
-    async def apply():
-        return "applied"
-
-    update_done = asyncio.create_task(engine._update(1, apply))
+    update_done = asyncio.create_task(engine.load_weights("/dev/shm/w.safetensors", 1))
     completion = await generation
-    return completion, await update_done, update_done
+    await update_done
+    return completion
 
 
 @pytest.mark.parametrize("on_update, version, retries", [("finish", 0, 0), ("abort", 1, 1)])
 def test_in_flight_generation_finishes_or_is_retried(on_update, version, retries):
     engine = _engine(on_update, ticks=30)
-    completion, result, _ = asyncio.run(_generate_during_update(engine))
-    assert result == "applied" and engine.version == 1
+    completion = asyncio.run(_generate_during_update(engine))
+    assert engine.engine.rpcs == [("load_weights_from_file", ("/dev/shm/w.safetensors", "base-model", 0.0))]
+    assert engine.version == 1
     # finish: the response is wholly old-version; abort: it was run again, wholly on the new weights
     assert (completion.policy_version, completion.retries) == (version, retries)
     assert engine.engine.started == (["r1"] if on_update == "finish" else ["r1", "r1-1"])
@@ -156,4 +158,4 @@ def test_cancelled_request_is_not_retried():
             await generation
 
     asyncio.run(run())
-    assert engine.engine.started == ["r1"] and not engine._running
+    assert engine.engine.started == ["r1"] and engine.generations_in_flight == 0

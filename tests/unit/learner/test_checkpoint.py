@@ -14,7 +14,7 @@ from learner.checkpoint import list_checkpoints, load_trainer_state, save_checkp
 from learner.config import LearnerConfig
 from learner.optim import build_optimizer
 from learner.samples import TurnSample
-from learner.train import train_step
+from learner.step import train_step
 from protocol.messages import ON_POLICY
 
 CFG = LearnerConfig(lr=1e-2, lr_schedule="cosine", warmup_steps=2, total_steps=5)

@@ -31,7 +31,7 @@ def test_plain_ratio_would_have_been_clipped_where_decoupled_is_not():
     behaviour = torch.tensor([math.log(0.25)])
     plain, plain_diag = clipped_policy_loss(logp, behaviour, torch.tensor([1.0]), CLIP)
     assert torch.allclose(plain, torch.tensor([-1.3])) and bool(plain_diag["clipped"][0])  # r = 2 clipped to 1.3
-    decoupled, diag = clipped_policy_loss(logp, behaviour, torch.tensor([1.0]), CLIP, logp.clone())
+    decoupled, diag = clipped_policy_loss(logp, behaviour, torch.tensor([1.0]), CLIP, logp.clone(), 5.0)
     assert not bool(diag["clipped"][0]) and torch.allclose(decoupled, torch.tensor([-2.0]))
 
 

@@ -1,9 +1,12 @@
 """Does the update learn? A toy one-step task with a tiny model: after a few learner steps, the
-probability of the rewarded action rises, for each preset (EMPO2 with all three modes, GRPO,
-GiGPO). Trajectories go through the real path: build_samples (advantages, tip removal) ->
-train_step (EMPO2 loss), with behaviour log-probs from the current policy as a server would give."""
+probability of the rewarded action rises, for each preset (conf/preset/*.yaml loaded as a run
+loads them: EMPO2 with all three modes, GRPO, GiGPO, RND). Trajectories go through the real path:
+build_samples (advantages, tip removal) -> train_step (EMPO2 loss), with behaviour log-probs from
+the current policy as a server would give."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,8 +16,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from learner.advantages import CountBonus
 from learner.config import LearnerConfig
 from learner.policy_model import response_logprobs
+from learner.rnd import RNDBonus
 from learner.samples import GiGPO, build_samples
-from learner.train import train_step
+from learner.step import train_step
+from pipeline.config import load_config
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory
 
 PROMPT = np.array([5, 6, 7, 8], dtype=np.int32)
@@ -71,11 +76,26 @@ def _episode(model, mode: str, action: np.ndarray, score: float, slot: int, vers
     )
 
 
-@pytest.mark.parametrize("preset", ["empo2-on-policy", "empo2-on-policy-tips", "empo2-off-policy", "grpo", "gigpo"])
-def test_rewarded_action_becomes_more_likely(preset):
-    mode = {"empo2-on-policy-tips": ON_POLICY_TIPS, "empo2-off-policy": OFF_POLICY}.get(preset, ON_POLICY)
-    gigpo = GiGPO() if preset == "gigpo" else None
-    cfg = LearnerConfig(lr=3e-3, low_prob_threshold=None)
+@pytest.mark.parametrize(
+    "preset, mode",
+    [
+        ("empo2", ON_POLICY),
+        ("empo2", ON_POLICY_TIPS),
+        ("empo2", OFF_POLICY),
+        ("grpo", ON_POLICY),
+        ("gigpo", ON_POLICY),
+        ("rnd", ON_POLICY),
+    ],
+)
+def test_rewarded_action_becomes_more_likely(preset, mode):
+    run = load_config([f"preset={preset}"])  # the preset file, on the dataclass defaults
+    assert (run.replay_buffer.p_memory > 0) == (preset in ("empo2", "rnd"))  # tip modes only where p > 0
+    assert mode == ON_POLICY or run.replay_buffer.p_memory > 0
+    # a large learning rate for a few toy steps; no mask (the tiny model's log-probs are all low)
+    cfg = replace(run.learner, lr=3e-3, low_prob_threshold=None)
+    gigpo = GiGPO(cfg.gigpo_gamma, cfg.gigpo_step_weight, cfg.gigpo_step_norm) if cfg.advantage == "gigpo" else None
+    assert (gigpo is not None) == (preset == "gigpo")
+    intrinsic = RNDBonus(cfg, run.seed) if cfg.intrinsic_kind == "rnd" else CountBonus(cfg.intrinsic_coef)
     model = _model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     before = float(np.exp(_logp(model, PROMPT, GOOD))[0])  # evaluated WITHOUT tips, as EMPO2 is
@@ -86,7 +106,8 @@ def test_rewarded_action_becomes_more_likely(preset):
             _episode(model, mode, GOOD, 100.0, 2, version),
             _episode(model, mode, BAD, 0.0, 3, version),
         ]
-        stats = train_step(model, optimizer, build_samples(group, 0.01, CountBonus(1.0), 1e-6, gigpo), cfg, version)
+        samples = build_samples(group, cfg.score_scale, intrinsic, cfg.adv_eps, gigpo)
+        stats = train_step(model, optimizer, samples, cfg, version)
         assert stats.tokens == 4
     after = float(np.exp(_logp(model, PROMPT, GOOD))[0])
     assert after > before * 1.5, (before, after)

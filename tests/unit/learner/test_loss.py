@@ -1,4 +1,4 @@
-"""The EMPO2 clipped objective (learner/loss.py) and its use in learner.train.train_step.
+"""The EMPO2 clipped objective (learner/loss.py) and its use in learner.step.train_step.
 
 Golden values are written out by hand (the arithmetic is in the comments); nothing here
 re-implements the formula of learner/loss.py.
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-import learner.train as train_mod
+import learner.step as step_mod
 from learner.config import LearnerConfig
 from learner.loss import ClipConfig, clipped_policy_loss, low_probability_mask
 from learner.policy_model import response_logprobs
@@ -266,13 +266,13 @@ def _expected_loss(model, scored):
 def recorder(monkeypatch):
     """Record every prompt train_step scores (and whether grad was enabled)."""
     calls = []
-    real = train_mod.batch_log_softmax
+    real = step_mod.batch_log_softmax
 
     def recording(model, prompts, responses):
         calls.extend((p.numpy().copy(), torch.is_grad_enabled()) for p in prompts)
         return real(model, prompts, responses)
 
-    monkeypatch.setattr(train_mod, "batch_log_softmax", recording)
+    monkeypatch.setattr(step_mod, "batch_log_softmax", recording)
     return calls
 
 
@@ -292,7 +292,7 @@ def test_off_policy_sample_scores_tipfree_prompt_against_tip_behaviour(tiny_mode
     assert wrong == pytest.approx(-1.0, abs=1e-5)
     assert abs(expected - wrong) > 1e-3  # the test can tell the two prompts apart
 
-    stats = train_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(), version=3)
+    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(), version=3)
 
     assert len(recorder) == 1  # no separate tip-free pass: the update prompt is already tip-free
     np.testing.assert_array_equal(recorder[0][0], base)
@@ -311,7 +311,7 @@ def test_on_policy_tips_sample_scores_full_prompt_with_tips(tiny_model, recorder
     # -A * r = -2 * exp(0.1) = -2 * 1.1051709 = -2.2103418
     assert expected == pytest.approx(-2.2103418, abs=1e-4)
 
-    stats = train_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(), version=5)
+    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(), version=5)
 
     # the tip-free prompt for the mask, without grad (first); the update prompt with tips, with grad
     assert len(recorder) == 2
@@ -330,7 +330,7 @@ def test_on_policy_sample_scores_its_prompt_once(tiny_model, recorder):
     behaviour = _logp(tiny_model, base, response)
     s = _sample(base, base, response, behaviour, -1.0, ON_POLICY, 0, False)
 
-    stats = train_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(), version=0)
+    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(), version=0)
 
     assert len(recorder) == 1
     np.testing.assert_array_equal(recorder[0][0], base)
@@ -353,7 +353,7 @@ def test_low_probability_mask_drops_tip_samples_and_loss_is_token_mean_of_kept(t
     expected, tokens = _expected_loss(tiny_model, [(base, on)])
     assert tokens == 2
 
-    stats = train_mod.train_step(tiny_model, _sgd(tiny_model), samples, cfg, version=2)
+    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), samples, cfg, version=2)
 
     assert stats.samples == 3
     assert stats.samples_masked == 2
@@ -376,7 +376,7 @@ def test_loss_is_token_mean_over_all_kept_samples(tiny_model):
     assert abs(per_sample - expected) > 1e-3
     before = [p.detach().clone() for p in tiny_model.parameters()]
 
-    stats = train_mod.train_step(tiny_model, _sgd(tiny_model), [on, tips, off], _cfg(), version=2)
+    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [on, tips, off], _cfg(), version=2)
 
     assert stats.samples_masked == 0 and stats.tokens == 9
     assert stats.loss == pytest.approx(expected, abs=1e-5)
@@ -400,7 +400,7 @@ def test_logprob_mismatch_only_from_same_version_same_prompt_samples(tiny_model)
     # not counted: an older version, offset 3.0
     stale = _sample(base, base, r4, _logp(tiny_model, base, r4) + np.float32(3.0), 0.5, ON_POLICY, version - 1, False)
 
-    stats = train_mod.train_step(tiny_model, _sgd(tiny_model), [on, tips, off, stale], _cfg(), version=version)
+    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [on, tips, off, stale], _cfg(), version=version)
 
     assert stats.mismatch_tokens == 3 + 2
     assert stats.logprob_mismatch_mean_nats == pytest.approx(0.5, abs=1e-4)
@@ -412,7 +412,7 @@ def test_off_policy_turn_without_tips_counts_for_mismatch(tiny_model):
     base, _ = _prompt_with_tips()
     r = np.array([7, 8], dtype=np.int32)
     s = _sample(base, base, r, _logp(tiny_model, base, r) + np.float32(0.25), 1.0, OFF_POLICY, 1, False)
-    stats = train_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(low_prob_threshold=-0.01), version=1)
+    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(low_prob_threshold=-0.01), version=1)
     assert stats.samples_masked == 0  # no tips: never masked
     assert stats.mismatch_tokens == 2
     assert stats.logprob_mismatch_mean_nats == pytest.approx(0.25, abs=1e-4)

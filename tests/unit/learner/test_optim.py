@@ -36,8 +36,3 @@ def test_scheduler_sets_the_optimizer_lr_per_step():
         scheduler.step()
     # warm-up 0.05, 0.1; then u = 0, 0.5 -> 0.1, 0.05
     assert seen == pytest.approx([0.05, 0.1, 0.1, 0.05])
-
-
-def test_unknown_schedule_is_refused():
-    with pytest.raises(ValueError, match="lr_schedule"):
-        build_optimizer([torch.nn.Parameter(torch.zeros(1))], LearnerConfig(lr_schedule="step"))

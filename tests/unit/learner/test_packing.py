@@ -14,7 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from learner.config import LearnerConfig
 from learner.policy_model import response_logprobs
 from learner.samples import TurnSample
-from learner.train import micro_batches, train_step
+from learner.step import micro_batches, train_step
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
 
 VOCAB = 48

@@ -18,7 +18,7 @@ REPORT = EpisodeReport(
 
 
 def test_default_prompt_shows_task_steps_score_and_instruction():
-    system, user = reflection_messages(REPORT)
+    system, user = reflection_messages(REPORT, MemoryServiceConfig())
     assert system == {"role": "system", "content": MemoryServiceConfig().reflection_system}
     assert user["role"] == "user"
     text = user["content"]

@@ -267,11 +267,11 @@ def test_a_new_store_on_the_same_file_restores_every_accepted_entry(open_store):
 
 
 def test_restart_without_close_keeps_committed_entries(db_path):
-    store = MemoryStore(db_path)
+    store = MemoryStore(db_path, capacity=10)
     try:
         store.add("k", [entry("committed", 42.0)], np.stack([at_cos(0.9)]))
         # a second process opening the file while the first is still running (crash-like)
-        other = MemoryStore(db_path)
+        other = MemoryStore(db_path, capacity=10)
         try:
             results = other.retrieve("k", QUERY, 0.5, 10)
             assert [(e.tip, e.score, e.state) for e, _ in results] == [("tip committed", 42.0, "state committed")]

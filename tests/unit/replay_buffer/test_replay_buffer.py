@@ -1,4 +1,5 @@
-"""replay_buffer.service: group assignment, leases, mode draws, batching, staleness and the log.
+"""replay_buffer.buffer: group assignment, leases, mode draws, batching, staleness and the log;
+replay_buffer.service: the process's checks and its handler table.
 
 No ScienceWorld: the buffer gets a hand-made {task: [train variations]} dict.
 """
@@ -14,8 +15,8 @@ import pytest
 
 from protocol.codec import encode
 from protocol.messages import MODES, OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Assignment, Trajectory
+from replay_buffer.buffer import BufferLog, ReplayBuffer, draw_mode
 from replay_buffer.config import ReplayBufferConfig
-from replay_buffer.service import BufferLog, ReplayBuffer, draw_mode
 
 VARIATIONS = {"boil": [4, 9, 13], "melt": [1, 2], "unused": [0]}
 
@@ -104,7 +105,7 @@ def test_targets_are_the_first_variations_of_each_configured_task():
 
 def test_no_targets_is_a_value_error():
     with pytest.raises(ValueError):
-        ReplayBuffer(make_cfg(tasks=["boil"]), {"boil": []})
+        ReplayBuffer(make_cfg(tasks=["boil"]), {"boil": []}, seed=0)
 
 
 def test_a_group_is_g_slots_sharing_task_variation_and_mode():
@@ -518,10 +519,31 @@ def test_records_appended_after_a_torn_tail_survive_the_next_restart(log_path, o
     assert list(second_restart.ready) == ["g"]
 
 
-def test_buffer_process_refuses_a_backpressure_bound_below_the_batch(tmp_path):
+def test_buffer_process_answers_its_message_types_and_refuses_others(tmp_path):
+    """The process's handler table: a ping, an assignment and a trajectory are served (the
+    trajectory persisted before its Ack); a type the buffer does not serve gets unexpected_kind."""
+    from common.server import dispatch
     from pipeline.config import load_config
+    from protocol.messages import Ack, AssignmentRequest, ErrorReply, MemoryQuery, Ping, Pong
     from replay_buffer.service import BufferProcess
 
-    cfg = load_config([f"run_dir={tmp_path}", "replay_buffer.max_ready_groups=1", "learner.groups_per_step=2"])
-    with pytest.raises(ValueError, match="max_ready_groups"):
-        BufferProcess(cfg, {"find-living-thing": [0, 1]})
+    cfg = load_config([f"run_dir={tmp_path}", "replay_buffer.tasks=[boil]", "replay_buffer.group_size=2"])
+    process = BufferProcess(cfg, {"boil": [4]})
+    try:
+        assert dispatch(process.handlers, Ping(sender="t"), process.metrics) == Pong(
+            role="replay_buffer", policy_version=0, ready=True
+        )
+        assignment = dispatch(process.handlers, AssignmentRequest(actor_id="a"), process.metrics)
+        assert isinstance(assignment, Assignment) and (assignment.task, assignment.variation) == ("boil", 4)
+        traj = make_traj(assignment.group_id, assignment.slot, mode=assignment.mode, task="boil", variation=4)
+        assert dispatch(process.handlers, traj, process.metrics) == Ack(ref=traj.episode_id)
+        query = MemoryQuery(task="boil", variation=4, state="s")
+        reply = dispatch(process.handlers, query, process.metrics)
+        assert isinstance(reply, ErrorReply) and reply.reason == "unexpected_kind"
+        sample = process.metrics.registry.get_sample_value
+        assert sample("empo2_replay_buffer_messages_rejected_total", {"reason": "unexpected_kind"}) == 1
+        assert sample("empo2_replay_buffer_trajectories_accepted_total", {"mode": assignment.mode}) == 1
+    finally:
+        process.log.file.close()
+    replayed = ReplayBuffer(cfg.replay_buffer, {"boil": [4]}, cfg.seed)
+    assert BufferLog.replay(tmp_path / cfg.replay_buffer.log_file, replayed) == 1

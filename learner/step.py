@@ -1,0 +1,347 @@
+"""One EMPO2 optimizer step over a batch of turn samples (empo2.md, "Advantage and loss").
+
+train_step reads: score without grad (tip-free minimum log-probs for the mask, the KL reference)
+-> per micro-batch: forward on the update prompt, low-probability mask, clipped loss, backward
+-> all-reduce the totals by name -> optimizer step. Every phase is timed (PHASES, PhaseTimer) and
+exported by the learner (empo2_learner_phase_seconds{phase=...}): the paper's Figure 12.
+
+Data parallelism is learner/distributed.py's: each rank scores its share of the samples and the
+gradients are divided by the kept tokens of all ranks, so N ranks take the step one process takes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+import torch
+
+from learner import distributed
+from learner.config import LearnerConfig
+from learner.loss import ClipConfig, clipped_policy_loss, entropy, kl_k3, low_probability_mask
+from learner.policy_model import batch_log_softmax, token_logprobs
+from learner.samples import TurnSample
+from protocol.messages import ON_POLICY, ON_POLICY_TIPS
+
+PHASES = (
+    "batch_wait",  # waiting for the replay buffer's Batch (rank 0) and its broadcast (every rank)
+    "samples",  # turn samples: intrinsic reward, advantages
+    "score",  # passes without grad before the update: tip-free prompts for the mask, the KL reference
+    "forward_backward",  # the micro-batch loop: forward, mask, loss, backward; the totals' all-reduce
+    "optimizer",  # gradient mean, clip, optimizer step, schedule step
+    "push",  # new weights to every policy server
+    "checkpoint",  # checkpoint written (steps at learner.checkpoint_every)
+)
+
+
+class PhaseTimer:
+    """Wall seconds (time.perf_counter) of the named PHASES of one learner step that ran: the paper's
+    Figure 12 time breakdown. On CUDA each phase ends with a synchronize, so that the kernels it queued
+    count in it."""
+
+    def __init__(self, device: torch.device | None = None):
+        self.seconds: dict[str, float] = {}  # phase -> seconds, in the order the phases ran
+        self._sync = torch.cuda.synchronize if device is not None and device.type == "cuda" else None
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        assert name in PHASES, name
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self._sync is not None:
+                self._sync()
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def _summed(default: float = 0.0):
+    return field(default=default, metadata={"reduce": "sum"})
+
+
+def _maxed():
+    return field(default=0.0, metadata={"reduce": "max"})
+
+
+@dataclass
+class StepTotals:
+    """Running totals of one step: added up over a rank's micro-batches (`add`), then over the ranks
+    (`all_reduce`), each field by its own reduction: sums but the maxima. Token sums run over kept
+    tokens (the low-probability mask applied)."""
+
+    loss: float = _summed()  # Σ L_t
+    kept_tokens: int = _summed(0)  # response tokens in the loss
+    masked_samples: int = _summed(0)  # samples dropped by the low-probability mask
+    ratio: float = _summed()  # Σ r_t
+    clipped: float = _summed()  # tokens where the clip bound the surrogate
+    dual_clipped: float = _summed()  # tokens where the dual clip bound it (A < 0)
+    approx_kl: float = _summed()  # Σ (r_t − 1) − log r_t
+    behaviour_weight: float = _summed()  # Σ w_t (decoupled PPO; 1 per token when plain)
+    behaviour_weight_capped: float = _summed()  # tokens over the behaviour-weight cap
+    entropy: float = _summed()  # Σ H_t (if entropy_coef)
+    kl: float = _summed()  # Σ KL_t to the reference (if kl_coef)
+    mismatch: float = _summed()  # Σ |log πθold − log πθ| on same-version, same-prompt tokens (mask or not)
+    mismatch_tokens: int = _summed(0)
+    ratio_max: float = _maxed()  # max r_t
+    mismatch_max: float = _maxed()  # max |log πθold − log πθ|
+
+    def add(self, other: StepTotals) -> None:
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            setattr(self, f.name, max(a, b) if f.metadata["reduce"] == "max" else a + b)
+
+    def all_reduce(self) -> StepTotals:
+        """Every rank's totals, each field by name with its own op (a collective: every rank calls it)."""
+        reduced = {}
+        for kind, op in (("sum", distributed.dist.ReduceOp.SUM), ("max", distributed.dist.ReduceOp.MAX)):
+            names = [f.name for f in fields(self) if f.metadata["reduce"] == kind]
+            reduced |= dict(zip(names, distributed.all_reduce([getattr(self, n) for n in names], op)))
+        return StepTotals(**{f.name: type(f.default)(reduced[f.name]) for f in fields(self)})  # ints stay ints
+
+
+@dataclass
+class StepStats:
+    loss: float  # token-mean policy loss of the step
+    samples: int
+    samples_masked: int
+    tokens: int
+    ratio_mean: float
+    ratio_max: float
+    clip_fraction: float
+    dual_clip_fraction: float
+    approx_kl: float
+    behaviour_weight_mean: float  # decoupled PPO: mean πprox/πbehaviour over kept tokens (1 when plain)
+    behaviour_weight_capped_fraction: float  # decoupled PPO: tokens dropped over the cap
+    entropy_mean: float  # mean policy entropy at response positions (0 unless entropy_coef)
+    kl_mean: float  # mean k3 KL to the initial policy (0 unless kl_coef)
+    lr: float  # learning rate of this step (learner.lr times the schedule's factor)
+    advantage_abs_mean: float
+    logprob_mismatch_mean_nats: float  # |vLLM - learner| on same-version, same-prompt tokens
+    logprob_mismatch_max_nats: float
+    mismatch_tokens: int
+
+    @classmethod
+    def from_totals(cls, totals: StepTotals, samples: list[TurnSample], lr: float) -> StepStats:
+        """The step's statistics from every rank's totals: token means over the kept tokens (the
+        mismatch over its own tokens); `samples` is the whole batch (every rank's)."""
+        kept = max(totals.kept_tokens, 1)
+        return cls(
+            loss=totals.loss / kept,
+            samples=len(samples),
+            samples_masked=totals.masked_samples,
+            tokens=totals.kept_tokens,
+            ratio_mean=totals.ratio / kept,
+            ratio_max=totals.ratio_max,
+            clip_fraction=totals.clipped / kept,
+            dual_clip_fraction=totals.dual_clipped / kept,
+            approx_kl=totals.approx_kl / kept,
+            behaviour_weight_mean=totals.behaviour_weight / kept,
+            behaviour_weight_capped_fraction=totals.behaviour_weight_capped / kept,
+            entropy_mean=totals.entropy / kept,
+            kl_mean=totals.kl / kept,
+            lr=lr,
+            advantage_abs_mean=float(np.mean([abs(s.advantage) for s in samples])) if samples else 0.0,
+            logprob_mismatch_mean_nats=totals.mismatch / max(totals.mismatch_tokens, 1),
+            logprob_mismatch_max_nats=totals.mismatch_max,
+            mismatch_tokens=totals.mismatch_tokens,
+        )
+
+
+def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Bucketing: sequence indices sorted by length and grouped so that each right-padded
+    micro-batch holds at most `budget` tokens (its size times its longest length); a sequence
+    longer than the budget goes alone, so budget 1 scores one sequence at a time."""
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if batches and (len(batches[-1]) + 1) * lengths[i] <= budget:  # sorted: i is the longest so far
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+# what a rank with no micro-batch left scores so that every rank runs the same forwards (FSDP);
+# never in the loss
+_PAD = TurnSample(
+    np.zeros(1, np.int32),
+    np.zeros(1, np.int32),
+    np.zeros(1, np.int32),
+    np.zeros(1, np.float32),
+    0.0,
+    ON_POLICY,
+    -1,
+    False,
+)
+
+
+def score_without_grad(model, pairs: list[tuple[np.ndarray, np.ndarray]], budget: int) -> list[torch.Tensor]:
+    """[T_j] log-probs of each (prompt, response) pair under `model`, in micro-batches, no graph."""
+    device = next(model.parameters()).device
+    out: list[torch.Tensor] = [torch.empty(0)] * len(pairs)
+    with torch.no_grad():
+        for mb in distributed.synced(micro_batches([len(p) + len(r) for p, r in pairs], budget)):
+            batch = [pairs[j] for j in mb] or [(_PAD.update_prompt, _PAD.response)]
+            prompts, responses = [_ids(p, device) for p, _ in batch], [_ids(r, device) for _, r in batch]
+            logp = token_logprobs(batch_log_softmax(model, prompts, responses), torch.cat(responses))
+            for j, lp in zip(mb, logp.split([r.numel() for r in responses])):
+                out[j] = lp
+    return out
+
+
+def _ids(tokens: np.ndarray, device) -> torch.Tensor:
+    return torch.from_numpy(tokens.astype(np.int64)).to(device)
+
+
+def _length(s: TurnSample) -> int:
+    return len(s.update_prompt) + len(s.response)
+
+
+def rank_share(samples: list[TurnSample]) -> list[TurnSample]:
+    """This rank's samples: every world_size-th by length (all of them in a single process)."""
+    order = sorted(range(len(samples)), key=lambda i: _length(samples[i]))
+    return [samples[i] for i in order[distributed.rank() :: distributed.world_size()]]
+
+
+@dataclass
+class PreScores:
+    """What the update pass needs from the passes without grad, per sample (score_before_update)."""
+
+    # min_t log πθ(a_t | s) on the tip-free prompt, for the low-probability mask, where the update
+    # prompt has tips (on-policy with tips); None elsewhere: the update pass's log-probs decide
+    mask_logp_min: list[float | None]
+    ref_logp: list[torch.Tensor] | None  # [T] log πref(a_t | s') of the KL reference; None without one
+
+    def take(self, indices: list[int]) -> PreScores:
+        ref_logp = None if self.ref_logp is None else [self.ref_logp[i] for i in indices]
+        return PreScores([self.mask_logp_min[i] for i in indices], ref_logp)
+
+
+def score_before_update(model, ref_model, samples: list[TurnSample], budget: int) -> PreScores:
+    """The passes without grad, in micro-batches: the tip-free prompts of the samples updated with
+    tips (for the mask), then every update prompt under the KL reference, if any."""
+    tip_scored = [i for i, s in enumerate(samples) if s.with_tips and s.mode == ON_POLICY_TIPS]
+    tipfree = score_without_grad(model, [(samples[i].tipfree_prompt, samples[i].response) for i in tip_scored], budget)
+    mask_logp_min: list[float | None] = [None] * len(samples)
+    for i, lp in zip(tip_scored, tipfree):
+        mask_logp_min[i] = float(lp.min())
+    ref_logp = (
+        None
+        if ref_model is None
+        else score_without_grad(ref_model, [(s.update_prompt, s.response) for s in samples], budget)
+    )
+    return PreScores(mask_logp_min, ref_logp)
+
+
+def micro_batch_loss(
+    model,
+    samples: list[TurnSample],
+    pre: PreScores,
+    cfg: LearnerConfig,
+    version: int,
+) -> tuple[torch.Tensor, StepTotals]:
+    """[N] per-token EMPO2 loss L_t of the micro-batch's kept tokens (learner/loss.py), to be summed
+    and back-propagated, and the micro-batch's totals. `pre`: the samples' scores without grad
+    (score_before_update). No samples (a rank with no micro-batch left): a pad sample is
+    scored, never in the loss, so that every rank runs the same forwards and backwards (FSDP)."""
+    device = next(model.parameters()).device
+    batch = samples or [_PAD]
+    responses = [_ids(s.response, device) for s in batch]
+    lengths = torch.tensor([r.numel() for r in responses], device=device)
+    # log πθ(a_t | s'), s' the update prompt: with tips on-policy, tips removed off-policy (Table 3)
+    log_softmax = batch_log_softmax(model, [_ids(s.update_prompt, device) for s in batch], responses)  # [ΣT, V]
+    logp = token_logprobs(log_softmax, torch.cat(responses))  # [ΣT]
+    # log πθold(a_t | s, tips if shown): what the policy server sampled with
+    behaviour_logp = torch.from_numpy(np.concatenate([s.behaviour_logp for s in batch])).to(device)  # [ΣT]
+    per_sample = list(zip(samples, logp.detach().split(lengths.tolist()), behaviour_logp.split(lengths.tolist())))
+    # the engines' mismatch, where the learner scores what the server scored with the same weights
+    gaps = [(lp - b).abs() for s, lp, b in per_sample if s.policy_version == version and s.update_is_behaviour_prompt]
+    # low-probability mask (Figure 6): a tip rollout's sample leaves whole if min_t log πθ(a_t | s) < τ
+    kept = [
+        low_probability_mask(m if m is not None else float(lp.min()), s.with_tips, cfg.low_prob_threshold)
+        for (s, lp, _), m in zip(per_sample, pre.mask_logp_min)
+    ]
+    keep = torch.repeat_interleave(torch.tensor(kept or [False], device=device), lengths)  # [ΣT]
+    advantages = torch.repeat_interleave(
+        torch.tensor([s.advantage for s in batch], dtype=torch.float32, device=device), lengths
+    )  # [ΣT] A of each token's sample
+    logp, behaviour_logp, advantages = logp[keep], behaviour_logp[keep], advantages[keep]  # [N] kept tokens
+    # decoupled PPO: the proximal policy is the weights before this step's update, detached
+    proximal_logp = logp.detach() if cfg.ratio == "decoupled" else None
+    clip = ClipConfig(cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+    # L_t = clipped surrogate (dual clip) [× w_t, decoupled] − β_H · H_t + β_KL · KL_t
+    loss, diag = clipped_policy_loss(logp, behaviour_logp, advantages, clip, proximal_logp, cfg.behaviour_weight_cap)
+    if cfg.entropy_coef:
+        diag["entropy"] = entropy(log_softmax[keep])
+        loss = loss - cfg.entropy_coef * diag["entropy"]
+    if pre.ref_logp is not None:
+        diag["kl"] = kl_k3(logp, torch.cat(pre.ref_logp or [torch.zeros(1, device=device)])[keep])
+        loss = loss + cfg.kl_coef * diag["kl"]
+    totals = StepTotals(
+        loss=float(loss.detach().sum()),
+        kept_tokens=logp.numel(),
+        masked_samples=kept.count(False),
+        mismatch=sum(float(g.sum()) for g in gaps),
+        mismatch_tokens=sum(g.numel() for g in gaps),
+        ratio_max=float(diag["ratio"].max()) if logp.numel() else 0.0,
+        mismatch_max=max((float(g.max()) for g in gaps), default=0.0),
+        **{name: float(value.detach().float().sum()) for name, value in diag.items()},
+    )
+    return loss, totals
+
+
+def optimizer_step(model, optimizer, scheduler, kept_tokens: int, max_grad_norm: float) -> float:
+    """θ ← θ − lr · clip(∇ Σ L_t / kept tokens): the summed gradients become the token mean's. The
+    schedule steps once per policy version, even when every sample was masked. Returns this step's lr."""
+    if kept_tokens:
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.div_(kept_tokens)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+    lr = optimizer.param_groups[0]["lr"]
+    if scheduler is not None:
+        scheduler.step()
+    return lr
+
+
+def train_step(
+    model,
+    optimizer,
+    samples: list[TurnSample],
+    cfg: LearnerConfig,
+    version: int,
+    ref_model=None,
+    scheduler=None,
+    timer: PhaseTimer | None = None,
+) -> StepStats:
+    """One optimizer step over all samples: the token mean of the EMPO2 loss.
+
+    Each rank takes every world_size-th sample by length (learner/distributed.py; all of them in
+    a single process) and scores its share in micro-batches of at most cfg.micro_batch_tokens
+    padded tokens, sorted by length. Each micro-batch's loss *sum* is back-propagated; the
+    gradients, summed over ranks, are divided by the kept tokens of all ranks at the end, which
+    is exactly the token mean without knowing the low-probability mask in advance (it is
+    decided per sample after its forward). `timer` gets the score, forward_backward and
+    optimizer phases.
+    """
+    device = next(model.parameters()).device
+    timer = PhaseTimer(device) if timer is None else timer
+    distributed.init(device.type)  # a plain caller gets a group of one
+    mine = rank_share(samples)
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    with timer.phase("score"):
+        pre = score_before_update(model, ref_model, mine, cfg.micro_batch_tokens)
+    with timer.phase("forward_backward"):
+        totals = StepTotals()
+        for mb in distributed.synced(micro_batches([_length(s) for s in mine], cfg.micro_batch_tokens)):
+            loss, mb_totals = micro_batch_loss(model, [mine[i] for i in mb], pre.take(mb), cfg, version)
+            loss.sum().backward()  # also with nothing kept: every rank runs the same backwards (FSDP)
+            totals.add(mb_totals)
+        totals = totals.all_reduce()  # every rank's share of the batch
+    with timer.phase("optimizer"):
+        lr = optimizer_step(model, optimizer, scheduler, totals.kept_tokens, cfg.max_grad_norm)
+    return StepStats.from_totals(totals, samples, lr)

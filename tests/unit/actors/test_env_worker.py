@@ -1,0 +1,158 @@
+"""The env actor's public client API, as an evaluation driver uses it: wait for the servers, play
+an assignment at a chosen temperature (tips from the memory service in a tip mode), report the
+episode; and a pool of envs playing a list of assignments. Against stub servers (conftest.py) and
+a scripted stand-in for ScienceWorld (no JVM, no tokenizer)."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+
+from actors.env_actor import TURN_SEEDS, EnvActor, EnvWorker, EpisodeRunner
+from common.scienceworld import StepResult
+from pipeline.config import load_config
+from protocol.messages import (
+    ON_POLICY,
+    ON_POLICY_TIPS,
+    Ack,
+    Assignment,
+    EpisodeReport,
+    GenerateRequest,
+    GenerateResponse,
+    MemoryQuery,
+    MemoryResult,
+    Ping,
+    Pong,
+)
+
+
+def policy_answer(msg):
+    if isinstance(msg, Ping):
+        return Pong(role="policy_server", policy_version=3, ready=True)
+    assert isinstance(msg, GenerateRequest)
+    return GenerateResponse(
+        request_id=msg.request_id,
+        token_ids=np.array([7, 8], np.int32),
+        logprobs=np.array([-0.5, -0.25], np.float32),
+        text="open door",
+        policy_version=3,
+        finish_reason="stop",
+    )
+
+
+def memory_answer(msg):
+    if isinstance(msg, Ping):
+        return Pong(role="memory_service", policy_version=-1, ready=True)
+    if isinstance(msg, MemoryQuery):
+        return MemoryResult(tips=["the door is north"], scores=[80.0], count=1)
+    assert isinstance(msg, EpisodeReport)
+    return Ack(ref=msg.episode_id)
+
+
+class ScriptedEnv:
+    """Stands in for common.scienceworld.ScienceWorld: the episode ends after `turns` steps."""
+
+    def __init__(self, turns: int):
+        self.turns, self.steps, self.task_description, self.closed = turns, 0, "", False
+
+    def reset(self, task: str, variation: int) -> StepResult:
+        self.steps, self.task_description = 0, f"Your task is to {task} ({variation})."
+        return StepResult("a hallway", "a hallway", 0.0, False, ["open door", "look around"])
+
+    def step(self, action: str) -> StepResult:
+        self.steps += 1
+        done = self.steps >= self.turns
+        return StepResult(f"you {action}", f"you {action}", 100.0 if done else 10.0, done, ["open door"])
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class PlainPrompts:
+    """Stands in for actors.prompts.PromptBuilder: one token per tip, no tokenizer."""
+
+    def build(self, task, history, state, tips):
+        ids = np.arange(4 + len(tips), dtype=np.int32)
+        return type("Prompt", (), {"token_ids": ids, "tip_spans": [(4, 4 + len(tips))] if tips else []})()
+
+
+@pytest.fixture
+def servers(stub_server, free_endpoint):
+    """(policy server, memory service, a replay buffer endpoint nothing listens on: not asked here)"""
+    return stub_server(policy_answer), stub_server(memory_answer), free_endpoint
+
+
+def _cfg(servers, *extra):
+    policy, memory, buffer = servers
+    return load_config(
+        [
+            f"endpoints.policy_servers=[{policy.endpoint}]",
+            f"endpoints.memory_service={memory.endpoint}",
+            f"endpoints.replay_buffer={buffer}",
+            "startup_timeout_s=10",
+            *extra,
+        ]
+    )
+
+
+def _assignment(mode: str, seed: int = 2, task: str = "open-door") -> Assignment:
+    return Assignment(group_id=f"eval-{uuid.uuid4().hex[:6]}", slot=0, task=task, variation=1, mode=mode, seed=seed)
+
+
+def test_play_an_assignment_with_tips_at_a_given_temperature_then_report_it(servers):
+    policy, memory, _ = servers
+    env = ScriptedEnv(turns=2)
+    worker = EnvWorker(_cfg(servers), runner=EpisodeRunner(env, PlainPrompts(), max_steps=5))
+    try:
+        worker.wait_ready(buffer=False, memory=True)
+        episode = worker.play(_assignment(ON_POLICY_TIPS), temperature=0.4)
+        worker.report_episode(episode)
+    finally:
+        worker.close()
+    trajectory = episode.trajectory
+    assert (trajectory.task, trajectory.variation, trajectory.mode) == ("open-door", 1, ON_POLICY_TIPS)
+    assert trajectory.num_turns == 2 and trajectory.done and trajectory.score == 100.0
+    assert trajectory.actions == ["open door", "open door"]
+    assert trajectory.policy_versions.tolist() == [3, 3]
+    assert episode.task_description == "Your task is to open-door (1)."
+    assert episode.stats.tips_shown == 2 and episode.stats.memory_fallbacks == 0
+    generations = [m for m in policy.received if isinstance(m, GenerateRequest)]
+    assert [g.temperature for g in generations] == [0.4, 0.4]
+    assert [g.seed for g in generations] == [2 * TURN_SEEDS, 2 * TURN_SEEDS + 1]
+    [report] = [m for m in memory.received if isinstance(m, EpisodeReport)]
+    assert (report.episode_id, report.task_description) == (trajectory.episode_id, episode.task_description)
+    assert report.actions == trajectory.actions
+    assert env.closed
+
+
+def test_play_without_tips_uses_the_configured_temperature_and_asks_no_memory(servers):
+    policy, memory, _ = servers
+    worker = EnvWorker(
+        _cfg(servers, "env_actor.temperature=0.7"), runner=EpisodeRunner(ScriptedEnv(1), PlainPrompts(), max_steps=5)
+    )
+    try:
+        episode = worker.play(_assignment(ON_POLICY))
+    finally:
+        worker.close()
+    assert episode.stats.tips_shown == 0 and episode.trajectory.num_turns == 1
+    assert [m.temperature for m in policy.received if isinstance(m, GenerateRequest)] == [0.7]
+    assert memory.received == []
+
+
+def test_a_pool_plays_every_assignment_and_returns_them_in_order(servers):
+    pool = EnvActor(_cfg(servers, "env_actor.envs_per_actor=2"))
+    envs = [ScriptedEnv(turns=1 + slot) for slot in range(len(pool.workers))]
+    for worker, env in zip(pool.workers, envs):
+        worker.runner = EpisodeRunner(env, PlainPrompts(), max_steps=5)
+    assignments = [_assignment(ON_POLICY, seed=k, task=f"task-{k}") for k in range(5)]
+    try:
+        pool.wait_ready(buffer=False)
+        episodes = pool.play_all(assignments, temperature=0.0)
+    finally:
+        pool.close()
+    assert [e.trajectory.task for e in episodes] == [f"task-{k}" for k in range(5)]
+    assert {e.trajectory.actor_id for e in episodes} <= {"actor0", "actor0.1"}
+    assert all(e.trajectory.done for e in episodes)
+    assert all(env.closed for env in envs)

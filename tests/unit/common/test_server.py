@@ -1,0 +1,56 @@
+"""common.server: a server's handler table answers each message type with its method, and every
+server answers a type it does not serve the same way (ErrorReply "unexpected_kind", counted);
+the synchronous request loop serves a table over a real ZeroMQ socket."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+import zmq
+
+from common.metrics import RoleMetrics
+from common.server import dispatch, serve_requests
+from protocol import Client, RemoteError
+from protocol.messages import Ack, ErrorReply, MemoryQuery, Ping, Pong
+
+REJECTED = "empo2_test_server_messages_rejected_total"
+
+
+def rejected(metrics: RoleMetrics, reason: str) -> float:
+    return metrics.registry.get_sample_value(REJECTED, {"reason": reason}) or 0.0
+
+
+def test_dispatch_calls_the_handler_of_the_message_type_with_the_context():
+    metrics = RoleMetrics("test_server")
+    calls = []
+    handlers = {Ping: lambda msg, *context: calls.append((msg, context)) or Ack(ref=msg.sender)}
+    assert dispatch(handlers, Ping(sender="a"), metrics) == Ack(ref="a")
+    assert dispatch(handlers, Ping(sender="b"), metrics, b"identity") == Ack(ref="b")
+    assert calls == [(Ping(sender="a"), ()), (Ping(sender="b"), (b"identity",))]
+    assert rejected(metrics, "unexpected_kind") == 0
+
+
+def test_a_type_not_in_the_table_is_answered_unexpected_kind_and_counted():
+    metrics = RoleMetrics("test_server")
+    reply = dispatch({Ping: lambda msg: Ack(ref="")}, MemoryQuery(task="t", variation=0, state="s"), metrics)
+    assert reply == ErrorReply(reason="unexpected_kind", detail="memory_query is not served here")
+    assert rejected(metrics, "unexpected_kind") == 1
+
+
+def test_serve_requests_answers_through_the_table():
+    metrics = RoleMetrics("test_server")
+    endpoint = f"inproc://server-{uuid.uuid4().hex}"
+    handlers = {Ping: lambda msg: Pong(role=msg.sender, policy_version=3, ready=True)}
+    threading.Thread(target=serve_requests, args=(endpoint, handlers, metrics), daemon=True).start()
+    client = Client(zmq.Context.instance(), endpoint, timeout_s=5)
+    try:
+        assert client.call(Ping(sender="me")) == Pong(role="me", policy_version=3, ready=True)
+        with pytest.raises(RemoteError) as info:
+            client.call(MemoryQuery(task="t", variation=0, state="s"))
+        assert info.value.reason == "unexpected_kind"
+    finally:
+        client.close()
+    assert rejected(metrics, "unexpected_kind") == 1
+    assert metrics.registry.get_sample_value("empo2_test_server_messages_received_total", {"kind": "ping"}) == 1

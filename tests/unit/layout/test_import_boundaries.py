@@ -1,0 +1,66 @@
+"""The architecture as imports: roles meet only through protocol/ (the wire) and common/ (process
+helpers); pipeline/ is the composition root that every role's main loads its config from;
+evaluation/ and deploy/ drive the roles through their public entry points; common/ imports no
+role and protocol/ imports nothing of ours."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+ROLES = ("actors", "learner", "memory_service", "replay_buffer")
+OURS = (*ROLES, "common", "deploy", "evaluation", "pipeline", "protocol")
+ALLOWED = {
+    **{role: {role, "protocol", "common", "pipeline"} for role in ROLES},
+    "protocol": {"protocol"},
+    "common": {"common", "protocol"},
+    # the composition root: each role's config section
+    "pipeline": {
+        "pipeline",
+        "common",
+        "protocol",
+        *(f"{role}.config" for role in ROLES),
+        "deploy.config",
+        "evaluation.config",
+    },
+    "evaluation": set(OURS),
+    "deploy": set(OURS),
+}
+
+
+def first_party_imports(path: Path) -> set[str]:
+    """Our packages a module imports (any depth: late imports inside functions count too), as
+    `package` or, for `package.config`, that module."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        for name in names:
+            top, _, rest = name.partition(".")
+            if top in OURS:
+                found.add(f"{top}.config" if rest.startswith("config") and top != "pipeline" else top)
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_package_imports_only_what_the_architecture_allows(package):
+    files = sorted((REPO / package).rglob("*.py"))
+    assert files, f"{package}/ has no modules"
+    offending = {}
+    for path in files:
+        bad = {
+            name for name in first_party_imports(path) if name.split(".")[0] != package and name not in ALLOWED[package]
+        }
+        if bad:
+            offending[str(path.relative_to(REPO))] = sorted(bad)
+    assert not offending, f"imports across the architecture's boundaries: {offending}"
+
+
+def test_the_check_sees_a_forbidden_import(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from actors.env_actor import EnvActor\n    import learner.config\n")
+    assert first_party_imports(module) == {"actors", "learner.config"}
