@@ -10,6 +10,7 @@ import pytest
 import zmq
 
 from deploy.monitor import scrape
+from pipeline.config import MetricsConfig
 from protocol import Client
 from protocol.messages import Ack, EpisodeReport, MemoryQuery, MemoryResult
 from protocol.transport import wait_until_ready
@@ -63,7 +64,7 @@ def test_reflection_storage_retrieval_and_restart(start_role, tmp_path):
     while (result := _query(memory, HALLWAY)).count == 0:
         assert time.monotonic() < deadline, memory_proc.log()[-3000:]
         time.sleep(2)
-    metrics = scrape("127.0.0.1", METRICS_BASE + 11)
+    metrics = scrape("127.0.0.1", MetricsConfig(base_port=METRICS_BASE).port("memory_service"))
     assert metrics["empo2_memory_service_reflections_total"] == 1
     assert metrics["empo2_memory_service_entries"] == 2  # one entry per step
     assert metrics["empo2_memory_service_policy_version"] == 0  # written by the served policy
