@@ -37,8 +37,8 @@ from pipeline.cli import role_config
 from pipeline.config import PipelineConfig
 from protocol import Client, RemoteError, RequestTimeout
 from protocol.messages import (
-    OFF_POLICY,
-    ON_POLICY_TIPS,
+    MAX_GENERATED_TEXT_CHARS,
+    TIP_MODES,
     Ack,
     Assignment,
     AssignmentRequest,
@@ -49,12 +49,12 @@ from protocol.messages import (
     MemoryResult,
     Trajectory,
     Wait,
+    is_success,
 )
 from protocol.transport import wait_until_ready
 
 log = logging.getLogger("env_actor")
 
-TIP_MODES = (ON_POLICY_TIPS, OFF_POLICY)
 # The generation seed of turn t is assignment.seed * TURN_SEEDS + t: one seed per turn, distinct
 # across the episodes of a group as long as an episode has fewer turns than this (max_steps).
 TURN_SEEDS = 1000
@@ -74,6 +74,7 @@ class Turn:
     tip_spans: list[tuple[int, int]]
     response: GenerateResponse
     num_memories: int
+    memory_retrieved: bool  # the retrieval answered (False: it failed, or the mode shows no tips)
     state: str
     action: str
 
@@ -120,19 +121,19 @@ class EpisodeRunner:
         turns: list[Turn] = []
         for t in range(self.step_limit(a.task)):
             t0 = time.perf_counter()
-            tips, n = [], 0
+            tips, n, retrieved = [], 0, False
             if a.mode in TIP_MODES:
                 found = retrieve(a.task, a.variation, result.state)
-                if found is None:
+                if found is None:  # memory unreachable: no tips, n = 0, marked not retrieved
                     stats.memory_fallbacks += 1
                 else:
-                    tips, n = found
+                    (tips, n), retrieved = found, True
                     stats.tips_shown += len(tips)
             prompt = self.prompts.build(task, history, result.state, tips)
             response = generate(prompt.token_ids, a.seed * TURN_SEEDS + t)
             action, mapped = most_similar_action(response.text, result.valid_actions)
             stats.invalid_actions += int(mapped)
-            turns.append(Turn(prompt.token_ids, prompt.tip_spans, response, n, result.state, action))
+            turns.append(Turn(prompt.token_ids, prompt.tip_spans, response, n, retrieved, result.state, action))
             result = self.env.step(action)
             history.append((action, result.observation))
             stats.step_seconds.append(time.perf_counter() - t0)
@@ -168,6 +169,9 @@ class EpisodeRunner:
             num_memories=np.asarray([t.num_memories for t in turns], dtype=np.int32),
             observations=[t.state for t in turns],
             actions=[t.action for t in turns],
+            memory_retrieved=np.asarray([t.memory_retrieved for t in turns], dtype=np.uint8),
+            generated_texts=[t.response.text[:MAX_GENERATED_TEXT_CHARS] for t in turns],
+            success=is_success(done, score),
         )
 
 
