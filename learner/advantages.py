@@ -10,14 +10,16 @@ intrinsic reward of learner.intrinsic_kind:
 The advantage normalises within the GRPO group (the G episodes of one
 (task, variation)) over all of its turns:
     A_{i,t} = (r_{i,t} − mean_group r) / (std_group r + eps)
-No value network.
+with std the sample standard deviation (Bessel's correction, n − 1, as torch.std and the
+reference); a group of a single turn has std 0 (A = 0). No value network.
 
 GiGPO (Feng et al. 2025, arXiv 2505.10978) adds a step-level advantage: steps whose state
 (observation text) is identical across the group's episodes form an anchor group; their
 discounted returns G_{i,t} = Σ_k γ^{k−t} r'_{i,k} (r' = score_scale · score_i at the last step,
 plus r_int each step) are normalised within it, and
     A_{i,t} = A^{episode}_{i,t} + w · A^{step}_{i,t}
-with std normalisation or mean-only ("mean"); a state seen once has A^{step} = 0.
+with std normalisation (Bessel-corrected as above) or mean-only ("mean"); a state seen once has
+A^{step} = 0.
 """
 
 from __future__ import annotations
@@ -56,8 +58,13 @@ def turn_rewards(traj: Trajectory, score_scale: float, intrinsic: np.ndarray) ->
 def group_advantages(rewards: list[np.ndarray], eps: float) -> list[np.ndarray]:
     """GRPO: normalise each group member's turn rewards by the group's mean and std."""
     pooled = np.concatenate(rewards)
-    mean, std = pooled.mean(), pooled.std()
+    mean, std = pooled.mean(), sample_std(pooled)
     return [(r - mean) / (std + eps) for r in rewards]
+
+
+def sample_std(values: np.ndarray) -> float:
+    """Standard deviation with Bessel's correction (ddof 1, as torch.std); 0 for fewer than 2 values."""
+    return float(values.std(ddof=1)) if values.size > 1 else 0.0
 
 
 def discounted_returns(traj: Trajectory, score_scale: float, intrinsic: np.ndarray, gamma: float) -> np.ndarray:
@@ -87,7 +94,7 @@ def anchor_step_advantages(
             continue
         values = np.array([returns[i][t] for i, t in positions])
         centred = values - values.mean()
-        scaled = centred / (values.std() + eps) if norm == "std" else centred
+        scaled = centred / (sample_std(values) + eps) if norm == "std" else centred
         for (i, t), a in zip(positions, scaled):
             advantages[i][t] = a
     return advantages

@@ -43,7 +43,7 @@ class LearnerConfig:
     lr: float = 1e-6  # peak learning rate (AdamW)
     lr_schedule: LrSchedule = LrSchedule.constant  # constant | linear | cosine, after warm-up
     warmup_steps: int = 0  # steps of linear warm-up from lr / warmup_steps up to lr
-    weight_decay: float = 0.0
+    weight_decay: float = 0.01  # AdamW's decoupled weight decay (the reference's 0.01)
     max_grad_norm: float = 1.0
     clip_low: float = 0.2  # ratio clipped to [1 - clip_low, 1 + clip_high]
     clip_high: float = 0.3
