@@ -387,13 +387,14 @@ class EnvWorker:
                 self.report_episode(episode)
                 self._record(episode)
                 log.info(
-                    "episode %s %s/%d mode=%s turns=%d score=%.0f versions=%s (%.1fs)",
+                    "episode %s %s/%d mode=%s turns=%d score=%.0f success=%s versions=%s (%.1fs)",
                     short_id(trajectory.episode_id),
                     trajectory.task,
                     trajectory.variation,
                     trajectory.mode,
                     trajectory.num_turns,
                     trajectory.score,
+                    trajectory.success,
                     sorted(set(trajectory.policy_versions.tolist())),
                     time.time() - t0,
                 )
@@ -430,6 +431,7 @@ class EnvWorker:
     def _record(self, episode: Episode) -> None:
         trajectory, stats, m = episode.trajectory, episode.stats, self.metrics
         m.episodes.labels(trajectory.mode).inc()
+        m.episodes_success.labels(trajectory.mode).inc(int(trajectory.success))
         m.env_steps.inc(trajectory.num_turns)
         m.invalid_actions.inc(stats.invalid_actions)
         m.memory_fallbacks.inc(stats.memory_fallbacks)

@@ -64,6 +64,9 @@ class EnvActorMetrics(RoleMetrics):
     def __init__(self) -> None:
         super().__init__("env_actor")
         self.episodes = self._counter("episodes", "Episodes finished and uploaded", ("mode",))
+        self.episodes_success = self._counter(
+            "episodes_success", "Episodes solved: done with score > 70 (Trajectory.success)", ("mode",)
+        )
         self.env_steps = self._counter("env_steps", "Environment steps taken")
         self.invalid_actions = self._counter("invalid_actions_mapped", "Generated actions mapped to a valid one")
         self.memory_fallbacks = self._counter(
@@ -78,6 +81,9 @@ class ReplayBufferMetrics(RoleMetrics):
     def __init__(self) -> None:
         super().__init__("replay_buffer")
         self.trajectories = self._counter("trajectories_accepted", "Trajectories accepted and persisted", ("mode",))
+        self.trajectories_success = self._counter(
+            "trajectories_success", "Accepted trajectories of solved episodes (done, score > 70)", ("mode",)
+        )
         self.duplicates = self._counter("trajectories_duplicate", "Re-sent trajectories already held")
         self.assignments = self._counter("assignments", "Rollout slots handed out", ("mode",))
         self.reassigned = self._counter("assignments_reissued", "Slots handed out again after their lease expired")

@@ -56,6 +56,15 @@ PANELS = [
         "none",
         ["empo2_learner_episode_score_mean", "avg(empo2_env_actor_last_episode_score)"],
     ),
+    (
+        "Success rate by mode (done, score > 70)",
+        "percentunit",
+        [
+            "sum by (mode) (rate(empo2_replay_buffer_trajectories_success_total[15m]))"
+            " / sum by (mode) (rate(empo2_replay_buffer_trajectories_accepted_total[15m]))",
+            "sum(rate(empo2_env_actor_episodes_success_total[15m])) / sum(rate(empo2_env_actor_episodes_total[15m]))",
+        ],
+    ),
     ("Memory entries", "none", ["empo2_memory_service_entries"]),
     (
         "Memories per retrieval (mean)",

@@ -201,3 +201,14 @@ def test_success_needs_done_and_a_score_above_70():
     assert play(ScriptedEnv(turns=1)).success  # done, 100
     stuck = play(Stuck(turns=1))
     assert stuck.score == 100.0 and not stuck.done and not stuck.success
+
+
+def test_episode_metrics_count_successes_by_mode(servers):
+    worker = EnvWorker(_cfg(servers), runner=EpisodeRunner(ScriptedEnv(1), PlainPrompts(), max_steps=5))
+    try:
+        worker._record(worker.play(_assignment(ON_POLICY)))  # done with 100: a success
+    finally:
+        worker.close()
+    sample = worker.metrics.registry.get_sample_value
+    assert sample("empo2_env_actor_episodes_total", {"mode": ON_POLICY}) == 1
+    assert sample("empo2_env_actor_episodes_success_total", {"mode": ON_POLICY}) == 1
