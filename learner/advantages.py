@@ -3,9 +3,12 @@
 Every turn of episode i gets the reward
     r_{i,t} = score_scale · score_i  +  r_int_{i,t}
 where score_i is ScienceWorld's final score (every step shares it, empo2.md) and r_int the
-intrinsic reward of learner.intrinsic_kind:
+intrinsic reward of learner.intrinsic_kind. score_scale is 1 by default, as the reference: the
+score stays on its 0..100 scale and r_int (at most coef) is added unscaled, so the novelty bonus
+mostly breaks ties between equal scores.
     count  r_int_{i,t} = coef / (n_{i,t} + 1) in tip modes only (0 otherwise), with n_{i,t} the
-           memories retrieved for that state (a novelty pseudo-count; CountBonus below)
+           memories retrieved for that state (a novelty pseudo-count; CountBonus below); 0 on a
+           turn whose retrieval failed (Trajectory.memory_retrieved 0: an outage is not novelty)
     rnd    r_int_{i,t} = coef · RND prediction error of the state, in every mode (learner/rnd.py)
 The advantage normalises within the GRPO group (the G episodes of one
 (task, variation)) over all of its turns:
@@ -39,13 +42,17 @@ IntrinsicReward = Callable[[list[Trajectory]], list[np.ndarray]]  # episodes -> 
 
 @dataclass
 class CountBonus:
-    """The paper's r_int = coef / (n + 1) in tip modes: n memories retrieved for the state."""
+    """The paper's r_int = coef / (n + 1) in tip modes: n memories retrieved for the state. A turn
+    whose retrieval failed (memory_retrieved 0: the memory service did not answer) gets 0, not the
+    largest bonus that n = 0 would give."""
 
     coef: float
 
     def __call__(self, trajectories: list[Trajectory]) -> list[np.ndarray]:
         return [
-            self.coef / (t.num_memories.astype(np.float64) + 1.0) if t.mode in TIP_MODES else np.zeros(t.num_turns)
+            self.coef / (t.num_memories.astype(np.float64) + 1.0) * (t.memory_retrieved == 1)
+            if t.mode in TIP_MODES
+            else np.zeros(t.num_turns)
             for t in trajectories
         ]
 

@@ -68,7 +68,8 @@ class LearnerConfig:
     rnd_output_dim: int = 64  # rnd: embedding size the predictor regresses
     rnd_lr: float = 1e-3  # rnd: Adam learning rate of the predictor
     rnd_updates: int = 1  # rnd: predictor steps on each batch's observations, after its bonuses
-    score_scale: float = 0.01  # ScienceWorld scores (0..100) are scaled to 0..1 before adding r_int
+    # factor on the ScienceWorld score (0..100) before r_int is added; 1 = the reference: r_int (<= coef) breaks ties
+    score_scale: float = 1.0
     adv_eps: float = 1e-6
     advantage: Advantage = Advantage.grpo  # grpo (episode level) | gigpo (episode + anchor-state step level)
     gigpo_gamma: float = 0.95  # discount of the step-level returns

@@ -267,6 +267,7 @@ def validate(cfg: PipelineConfig) -> None:
     check(lr.dual_clip > 1, "learner.dual_clip", f"the dual-clip constant must be > 1, got {lr.dual_clip}")
     check(lr.behaviour_weight_cap > 0, "learner.behaviour_weight_cap", "must be > 0")
     at_least("learner.micro_batch_tokens", lr.micro_batch_tokens, 1)
+    check(lr.score_scale > 0, "learner.score_scale", f"the score's factor must be > 0, got {lr.score_scale}")
     at_least("learner.lora_rank", lr.lora_rank, 0)
     within("learner.gigpo_gamma", lr.gigpo_gamma, 0.0, 1.0)
     for name in ("rnd_feature_dim", "rnd_hidden", "rnd_output_dim"):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from learner.advantages import TIP_MODES, CountBonus, group_advantages, turn_rewards
+from learner.config import LearnerConfig
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory
 
 
@@ -77,6 +78,28 @@ def test_intrinsic_coefficient_zero_disables_bonus():
 def test_negative_score_failed_goal():
     r = _rewards(_traj(ON_POLICY, -100.0, [0, 0]), 0.01, 1.0)
     np.testing.assert_allclose(r, [-1.0, -1.0], atol=1e-12)
+
+
+def test_default_scale_adds_the_intrinsic_reward_unscaled_to_the_0_100_score():
+    """The reference's relative scale: score 0..100 as it is, plus r_int = coef / (n + 1) <= coef."""
+    cfg = LearnerConfig()
+    assert cfg.score_scale == 1.0 and cfg.intrinsic_coef == 1.0
+    r = _rewards(_traj(ON_POLICY_TIPS, 50.0, [0, 1, 3]), cfg.score_scale, cfg.intrinsic_coef)
+    # 50 + 1/1, 50 + 1/2, 50 + 1/4
+    np.testing.assert_allclose(r, [51.0, 50.5, 50.25], atol=1e-12)
+    # two episodes with equal scores: the bonus breaks the tie; a 10-point better score outweighs any bonus
+    assert _rewards(_traj(OFF_POLICY, 60.0, [10]), 1.0, 1.0)[0] > _rewards(_traj(OFF_POLICY, 50.0, [0]), 1.0, 1.0)[0]
+
+
+@pytest.mark.parametrize("mode", [ON_POLICY_TIPS, OFF_POLICY])
+def test_a_failed_retrieval_gives_no_intrinsic_reward(mode):
+    traj = _traj(mode, 20.0, [0, 0, 3])
+    traj.memory_retrieved = np.array([1, 0, 1], np.uint8)  # turn 1: the memory service did not answer
+    traj.validate()
+    (intrinsic,) = CountBonus(1.0)([traj])
+    # turn 0 answered with no memories: 1/(0+1) = 1; turn 1 failed: 0 (not 1); turn 2: 1/(3+1)
+    np.testing.assert_allclose(intrinsic, [1.0, 0.0, 0.25], atol=1e-12)
+    np.testing.assert_allclose(turn_rewards(traj, 1.0, intrinsic), [21.0, 20.0, 20.25], atol=1e-12)
 
 
 def test_group_advantages_pooled_over_all_turns_of_the_group():
