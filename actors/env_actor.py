@@ -309,7 +309,7 @@ class EnvWorker:
             max_tokens=self.acfg.max_action_tokens,
             temperature=self.acfg.temperature if temperature is None else temperature,
             seed=seed,
-            stop=["\n"],
+            stop=["\n"] if self.acfg.stop_at_newline else [],
         )
         for attempt in itertools.count(1):
             index = self.chooser.acquire()

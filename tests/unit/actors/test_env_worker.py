@@ -212,3 +212,15 @@ def test_episode_metrics_count_successes_by_mode(servers):
     sample = worker.metrics.registry.get_sample_value
     assert sample("empo2_env_actor_episodes_total", {"mode": ON_POLICY}) == 1
     assert sample("empo2_env_actor_episodes_success_total", {"mode": ON_POLICY}) == 1
+
+
+@pytest.mark.parametrize("stop_at_newline, stop", [(True, ["\n"]), (False, [])])
+def test_the_newline_stop_is_a_config_key(servers, stop_at_newline, stop):
+    policy, _, _ = servers
+    worker = EnvWorker(_cfg(servers, f"env_actor.stop_at_newline={str(stop_at_newline).lower()}"))
+    try:
+        worker.generate(np.arange(3, dtype=np.int32), seed=1)
+    finally:
+        worker.close()
+    [request] = [m for m in policy.received if isinstance(m, GenerateRequest)]
+    assert request.stop == stop
