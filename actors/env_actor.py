@@ -32,7 +32,7 @@ from common.logs import short_id
 from common.metrics import EnvActorMetrics
 from common.model_prep import resolve_model
 from common.process import run_role
-from common.scienceworld import DEFAULT_STEP_LIMIT, ScienceWorld, most_similar_action
+from common.scienceworld import ScienceWorld, most_similar_action
 from pipeline.cli import role_config
 from pipeline.config import PipelineConfig
 from protocol import Client, RemoteError, RequestTimeout
@@ -181,11 +181,9 @@ def open_episode_runner(cfg: PipelineConfig) -> EpisodeRunner:
 
     ecfg = cfg.env
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model.name, cfg.model.cache_dir or None))
-    longest = max([ecfg.max_steps, *ecfg.max_steps_per_task.values()])
-    # ScienceWorld's own limit above ours: our limit ends episodes, not the env's
-    env = ScienceWorld(ecfg.simplification, step_limit=max(DEFAULT_STEP_LIMIT, longest + 1))
+    env = ScienceWorld(ecfg.simplification, step_limit=ecfg.env_step_limit)
     prompts = PromptBuilder(tokenizer, cfg.env_actor.history_window)
-    return EpisodeRunner(env, prompts, ecfg.max_steps, ecfg.max_steps_per_task)
+    return EpisodeRunner(env, prompts, ecfg.max_steps, ecfg.task_limits())
 
 
 class ServerChooser:

@@ -82,16 +82,44 @@ class MetricsConfig:
         return self.base_port + first + index
 
 
+# The reference wrapper's per-task step limits (empo2.md, "Reference experimental setup"); every other
+# task: EnvConfig.max_steps (30).
+REFERENCE_TASK_STEP_LIMITS = {
+    "boil": 100,
+    "change-the-state-of-matter-of": 80,
+    "freeze": 80,
+    "melt": 80,
+    "measure-melting-point-known-substance": 120,
+    "grow-fruit": 60,
+    "chemistry-mix": 60,
+}
+
+
 @dataclass
 class EnvConfig:
     """ScienceWorld episodes: read by the env actors, the replay buffer (variation lists) and
     the evaluation drivers."""
 
     simplification: str = "easy"  # ScienceWorld simplification preset (or a comma-separated list)
-    max_steps: int = 30  # step limit per episode (the reference's limit for most tasks)
-    # per-task limits over max_steps, e.g. +env.max_steps_per_task.boil=100 ("+": Hydra adds a key to
-    # the map); conf/profile/paper.yaml has the reference's
-    max_steps_per_task: dict[str, int] = field(default_factory=dict)
+    max_steps: int = 30  # step limit per episode of a task not in max_steps_per_task (the reference's)
+    # Per-task limits over max_steps: the reference wrapper's. A profile or an override changes one
+    # (env.max_steps_per_task.boil=50) or adds one (+env.max_steps_per_task.find-plant=10); a map in a
+    # profile merges with this one, so a profile that wants max_steps for every task sets
+    # task_step_limits=false instead.
+    max_steps_per_task: dict[str, int] = field(default_factory=lambda: dict(REFERENCE_TASK_STEP_LIMITS))
+    task_step_limits: bool = True  # false: max_steps_per_task is ignored, every task plays max_steps
+    # ScienceWorld's own step limit (envStepLimit): the env reports done once an episode has taken more
+    # moves than this. The reference's 100; a task limit above it (measure-melting-point-known-substance,
+    # 120) is cut there by the env, as in the reference.
+    env_step_limit: int = 100
+
+    def step_limit(self, task: str) -> int:
+        """The number of turns an episode of `task` may take (the env may end it earlier)."""
+        return self.task_limits().get(task, self.max_steps)
+
+    def task_limits(self) -> dict[str, int]:
+        """The per-task limits in force: max_steps_per_task, or none when task_step_limits is false."""
+        return dict(self.max_steps_per_task) if self.task_step_limits else {}
 
 
 class WeightSyncMethod(Choice):
@@ -222,6 +250,7 @@ def validate(cfg: PipelineConfig) -> None:
     at_least("startup_timeout_s", cfg.startup_timeout_s, 0)
     check(bool(cfg.endpoints.policy_servers), "endpoints.policy_servers", "needs at least one server")
     at_least("env.max_steps", env.max_steps, 1)
+    at_least("env.env_step_limit", env.env_step_limit, 1)
     for task, steps in env.max_steps_per_task.items():
         at_least(f"env.max_steps_per_task.{task}", steps, 1)
 

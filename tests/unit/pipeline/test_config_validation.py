@@ -105,7 +105,9 @@ RULES = [
     # sizes, episodes, timeouts
     (["endpoints.policy_servers=[]"], "endpoints.policy_servers"),
     (["env.max_steps=0"], "env.max_steps"),
-    (["+env.max_steps_per_task.boil=0"], "env.max_steps_per_task.boil"),
+    (["env.max_steps_per_task.boil=0"], "env.max_steps_per_task.boil"),
+    (["+env.max_steps_per_task.find-plant=0"], "env.max_steps_per_task.find-plant"),
+    (["env.env_step_limit=0"], "env.env_step_limit"),
     (["env_actor.envs_per_actor=0"], "env_actor.envs_per_actor"),
     (["env_actor.max_action_tokens=0"], "env_actor.max_action_tokens"),
     (["env_actor.generate_timeout_s=0"], "env_actor.generate_timeout_s"),
@@ -160,3 +162,17 @@ def test_a_broken_rule_is_refused_naming_its_key(overrides, key):
 )
 def test_valid_combinations_load(overrides):
     load_config(overrides)
+
+
+def test_the_reference_step_limits_are_the_defaults_and_the_cpu_profile_keeps_4_steps():
+    from pipeline.config import REFERENCE_TASK_STEP_LIMITS
+
+    paper = load_config(["profile=paper"]).env
+    assert paper.max_steps_per_task == REFERENCE_TASK_STEP_LIMITS
+    assert (paper.step_limit("boil"), paper.step_limit("measure-melting-point-known-substance")) == (100, 120)
+    assert paper.step_limit("find-living-thing") == 30 and paper.env_step_limit == 100
+    assert paper.simplification == "easy"
+    cpu = load_config([]).env  # the map merged from the defaults is there, but not in force
+    assert cpu.step_limit("find-living-thing") == 4 and cpu.step_limit("boil") == 4 and cpu.task_limits() == {}
+    changed = load_config(["~profile", "env.max_steps_per_task.boil=50", "+env.max_steps_per_task.find-plant=7"]).env
+    assert (changed.step_limit("boil"), changed.step_limit("find-plant"), changed.step_limit("melt")) == (50, 7, 80)
