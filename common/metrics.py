@@ -134,6 +134,14 @@ class LearnerMetrics(RoleMetrics):
             buckets=_PHASE_SECONDS,
             registry=self.registry,
         )
+        # the low-probability mask by mode (learner/step.py, StepStats.masked_fraction_<mode>), mode="all" overall
+        self.masked_fraction = Gauge(
+            "empo2_learner_masked_fraction",
+            "Fraction of turn samples dropped by the low-probability mask, by mode: all, on_policy, "
+            "on_policy_tips, off_policy (a mode is set only when the batch has samples of it)",
+            ["mode"],
+            registry=self.registry,
+        )
         self.stats = {
             name: self._gauge(name, doc)
             for name, doc in {
@@ -141,7 +149,6 @@ class LearnerMetrics(RoleMetrics):
                 "ratio_max": "Max importance ratio",
                 "clip_fraction": "Fraction of tokens clipped",
                 "dual_clip_fraction": "Fraction of tokens hit by the dual clip",
-                "masked_fraction": "Fraction of samples dropped by the low-probability mask",
                 "behaviour_weight_mean": "Decoupled PPO: mean proximal/behaviour weight",
                 "entropy_mean": "Mean policy entropy at response positions (if entropy_coef)",
                 "kl_mean": "Mean k3 KL to the initial policy (if kl_coef)",
@@ -170,3 +177,8 @@ class LearnerMetrics(RoleMetrics):
         for name, gauge in self.stats.items():
             if name in record:
                 gauge.set(record[name])
+        if "masked_fraction" in record:
+            self.masked_fraction.labels("all").set(record["masked_fraction"])
+        for name, value in record.items():
+            if name.startswith("masked_fraction_") and value is not None:
+                self.masked_fraction.labels(name.removeprefix("masked_fraction_")).set(value)

@@ -20,6 +20,14 @@ class Ratio(Choice):
     decoupled = "decoupled"  # decoupled PPO for stale samples (clip against πprox, weight πprox/πbehaviour)
 
 
+class LowProbMask(Choice):
+    # every turn sample in every mode while memory is in use (replay_buffer.p_memory > 0), judged on
+    # the prompt it is updated on (tip-free off-policy, with tips on-policy with tips): the paper's
+    paper = "paper"
+    tip_rollouts = "tip_rollouts"  # only samples rolled out with tips, judged on the tip-free prompt
+    off = "off"
+
+
 class IntrinsicKind(Choice):
     count = "count"  # r_int = coef / (n + 1), n memories retrieved, tip modes only (the paper)
     rnd = "rnd"  # r_int = coef * RND error / running std, every mode (Figure 11's alternative; learner/rnd.py)
@@ -60,7 +68,10 @@ class LearnerConfig:
     lora_alpha: float = 16.0  # LoRA scale = alpha / r
     lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, more time
-    low_prob_threshold: float = -5.0  # drop a tip-rollout turn whose min tip-free log-prob is below
+    # low-probability mask (paper Figure 6): a turn sample leaves the loss whole when the minimum log-prob of
+    # its response is below low_prob_threshold; which samples, on which prompt: paper | tip_rollouts | off
+    low_prob_mask: LowProbMask = LowProbMask.paper
+    low_prob_threshold: float = -5.0
     intrinsic_kind: IntrinsicKind = IntrinsicKind.count  # count (paper) | rnd
     intrinsic_coef: float = 1.0  # coef of r_int, either kind; 0 = no intrinsic reward
     rnd_feature_dim: int = 1024  # rnd: size of the hashed bag-of-words/bigrams vector of an observation

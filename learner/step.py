@@ -1,8 +1,8 @@
 """One EMPO2 optimizer step over a batch of turn samples (empo2.md, "Advantage and loss").
 
-train_step reads: score without grad (tip-free minimum log-probs for the mask, the KL reference)
--> per micro-batch: forward on the update prompt, low-probability mask, clipped loss, backward
--> all-reduce the totals by name -> optimizer step. Every phase is timed (PHASES, PhaseTimer) and
+train_step reads: score without grad (the KL reference; tip-free minimum log-probs for the legacy
+tip_rollouts mask) -> per micro-batch: forward on the update prompt, low-probability mask, clipped
+loss, backward -> all-reduce the totals by name -> optimizer step. Every phase is timed (PHASES, PhaseTimer) and
 exported by the learner (empo2_learner_phase_seconds{phase=...}): the paper's Figure 12.
 
 Data parallelism is learner/distributed.py's: each rank scores its share of the samples and the
@@ -21,15 +21,15 @@ import torch
 
 from learner import distributed
 from learner.config import LearnerConfig
-from learner.loss import ClipConfig, clipped_policy_loss, entropy, kl_k3, low_probability_mask
+from learner.loss import ClipConfig, clipped_policy_loss, entropy, kl_k3, low_probability_mask, mask_subject
 from learner.policy_model import batch_log_softmax, token_logprobs
 from learner.samples import TurnSample
-from protocol.messages import ON_POLICY, ON_POLICY_TIPS
+from protocol.messages import MODES, ON_POLICY, ON_POLICY_TIPS
 
 PHASES = (
     "batch_wait",  # waiting for the replay buffer's Batch (rank 0) and its broadcast (every rank)
     "samples",  # turn samples: intrinsic reward, advantages
-    "score",  # passes without grad before the update: tip-free prompts for the mask, the KL reference
+    "score",  # passes without grad before the update: the KL reference, tip-free prompts (tip_rollouts mask)
     "forward_backward",  # the micro-batch loop: forward, mask, loss, backward; the totals' all-reduce
     "optimizer",  # gradient mean, clip, optimizer step, schedule step
     "push",  # new weights to every policy server
@@ -75,6 +75,9 @@ class StepTotals:
     loss: float = _summed()  # Σ L_t
     kept_tokens: int = _summed(0)  # response tokens in the loss
     masked_samples: int = _summed(0)  # samples dropped by the low-probability mask
+    masked_on_policy: int = _summed(0)  # of them, by mode
+    masked_on_policy_tips: int = _summed(0)
+    masked_off_policy: int = _summed(0)
     ratio: float = _summed()  # Σ r_t
     clipped: float = _summed()  # tokens where the clip bound the surrogate
     dual_clipped: float = _summed()  # tokens where the dual clip bound it (A < 0)
@@ -107,6 +110,11 @@ class StepStats:
     loss: float  # token-mean policy loss of the step
     samples: int
     samples_masked: int
+    masked_fraction: float  # samples_masked / samples
+    # the same by mode (None: no sample of that mode in the batch)
+    masked_fraction_on_policy: float | None
+    masked_fraction_on_policy_tips: float | None
+    masked_fraction_off_policy: float | None
     tokens: int
     ratio_mean: float
     ratio_max: float
@@ -128,10 +136,16 @@ class StepStats:
         """The step's statistics from every rank's totals: token means over the kept tokens (the
         mismatch over its own tokens); `samples` is the whole batch (every rank's)."""
         kept = max(totals.kept_tokens, 1)
+        per_mode = {mode: sum(s.mode == mode for s in samples) for mode in MODES}
         return cls(
             loss=totals.loss / kept,
             samples=len(samples),
             samples_masked=totals.masked_samples,
+            masked_fraction=totals.masked_samples / max(len(samples), 1),
+            **{
+                f"masked_fraction_{mode}": getattr(totals, f"masked_{mode}") / n if n else None
+                for mode, n in per_mode.items()
+            },
             tokens=totals.kept_tokens,
             ratio_mean=totals.ratio / kept,
             ratio_max=totals.ratio_max,
@@ -209,8 +223,8 @@ def rank_share(samples: list[TurnSample]) -> list[TurnSample]:
 class PreScores:
     """What the update pass needs from the passes without grad, per sample (score_before_update)."""
 
-    # min_t log πθ(a_t | s) on the tip-free prompt, for the low-probability mask, where the update
-    # prompt has tips (on-policy with tips); None elsewhere: the update pass's log-probs decide
+    # learner.low_prob_mask=tip_rollouts: min_t log πθ(a_t | s) on the tip-free prompt, where the update
+    # prompt has tips (on-policy with tips); None elsewhere: the update pass's log-probs decide (always, paper)
     mask_logp_min: list[float | None]
     ref_logp: list[torch.Tensor] | None  # [T] log πref(a_t | s') of the KL reference; None without one
 
@@ -219,10 +233,11 @@ class PreScores:
         return PreScores([self.mask_logp_min[i] for i in indices], ref_logp)
 
 
-def score_before_update(model, ref_model, samples: list[TurnSample], budget: int) -> PreScores:
-    """The passes without grad, in micro-batches: the tip-free prompts of the samples updated with
-    tips (for the mask), then every update prompt under the KL reference, if any."""
-    tip_scored = [i for i, s in enumerate(samples) if s.with_tips and s.mode == ON_POLICY_TIPS]
+def score_before_update(model, ref_model, samples: list[TurnSample], budget: int, tipfree_mask: bool) -> PreScores:
+    """The passes without grad, in micro-batches: with `tipfree_mask` (learner.low_prob_mask=tip_rollouts)
+    the tip-free prompts of the samples updated with tips, then every update prompt under the KL
+    reference, if any. The paper's mask needs no pass of its own: it judges the update pass."""
+    tip_scored = [i for i, s in enumerate(samples) if tipfree_mask and s.with_tips and s.mode == ON_POLICY_TIPS]
     tipfree = score_without_grad(model, [(samples[i].tipfree_prompt, samples[i].response) for i in tip_scored], budget)
     mask_logp_min: list[float | None] = [None] * len(samples)
     for i, lp in zip(tip_scored, tipfree):
@@ -241,11 +256,13 @@ def micro_batch_loss(
     pre: PreScores,
     cfg: LearnerConfig,
     version: int,
+    memory_in_use: bool = True,
 ) -> tuple[torch.Tensor, StepTotals]:
     """[N] per-token EMPO2 loss L_t of the micro-batch's kept tokens (learner/loss.py), to be summed
     and back-propagated, and the micro-batch's totals. `pre`: the samples' scores without grad
-    (score_before_update). No samples (a rank with no micro-batch left): a pad sample is
-    scored, never in the loss, so that every rank runs the same forwards and backwards (FSDP)."""
+    (score_before_update). `memory_in_use`: replay_buffer.p_memory > 0, for the paper's mask.
+    No samples (a rank with no micro-batch left): a pad sample is scored, never in the loss, so
+    that every rank runs the same forwards and backwards (FSDP)."""
     device = next(model.parameters()).device
     batch = samples or [_PAD]
     responses = [_ids(s.response, device) for s in batch]
@@ -258,9 +275,14 @@ def micro_batch_loss(
     per_sample = list(zip(samples, logp.detach().split(lengths.tolist()), behaviour_logp.split(lengths.tolist())))
     # the engines' mismatch, where the learner scores what the server scored with the same weights
     gaps = [(lp - b).abs() for s, lp, b in per_sample if s.policy_version == version and s.update_is_behaviour_prompt]
-    # low-probability mask (Figure 6): a tip rollout's sample leaves whole if min_t log πθ(a_t | s) < τ
+    # low-probability mask (Figure 6): a sample the rule judges leaves whole if min_t log πθ(a_t | ·) < τ, on
+    # its update prompt (the tip-free pre-score of an on-policy-with-tips sample under tip_rollouts)
     kept = [
-        low_probability_mask(m if m is not None else float(lp.min()), s.with_tips, cfg.low_prob_threshold)
+        low_probability_mask(
+            m if m is not None else float(lp.min()),
+            mask_subject(cfg.low_prob_mask, memory_in_use, s.with_tips),
+            cfg.low_prob_threshold,
+        )
         for (s, lp, _), m in zip(per_sample, pre.mask_logp_min)
     ]
     keep = torch.repeat_interleave(torch.tensor(kept or [False], device=device), lengths)  # [ΣT]
@@ -283,6 +305,7 @@ def micro_batch_loss(
         loss=float(loss.detach().sum()),
         kept_tokens=logp.numel(),
         masked_samples=kept.count(False),
+        **{f"masked_{mode}": sum(not k and s.mode == mode for s, k in zip(samples, kept)) for mode in MODES},
         mismatch=sum(float(g.sum()) for g in gaps),
         mismatch_tokens=sum(g.numel() for g in gaps),
         ratio_max=float(diag["ratio"].max()) if logp.numel() else 0.0,
@@ -316,6 +339,7 @@ def train_step(
     ref_model=None,
     scheduler=None,
     timer: PhaseTimer | None = None,
+    memory_in_use: bool = True,
 ) -> StepStats:
     """One optimizer step over all samples: the token mean of the EMPO2 loss.
 
@@ -325,7 +349,8 @@ def train_step(
     gradients, summed over ranks, are divided by the kept tokens of all ranks at the end, which
     is exactly the token mean without knowing the low-probability mask in advance (it is
     decided per sample after its forward). `timer` gets the score, forward_backward and
-    optimizer phases.
+    optimizer phases. `memory_in_use` (replay_buffer.p_memory > 0) turns the paper's
+    low-probability mask on (learner.low_prob_mask=paper).
     """
     device = next(model.parameters()).device
     timer = PhaseTimer(device) if timer is None else timer
@@ -334,11 +359,11 @@ def train_step(
     model.train()
     optimizer.zero_grad(set_to_none=True)
     with timer.phase("score"):
-        pre = score_before_update(model, ref_model, mine, cfg.micro_batch_tokens)
+        pre = score_before_update(model, ref_model, mine, cfg.micro_batch_tokens, cfg.low_prob_mask == "tip_rollouts")
     with timer.phase("forward_backward"):
         totals = StepTotals()
         for mb in distributed.synced(micro_batches([_length(s) for s in mine], cfg.micro_batch_tokens)):
-            loss, mb_totals = micro_batch_loss(model, [mine[i] for i in mb], pre.take(mb), cfg, version)
+            loss, mb_totals = micro_batch_loss(model, [mine[i] for i in mb], pre.take(mb), cfg, version, memory_in_use)
             loss.sum().backward()  # also with nothing kept: every rank runs the same backwards (FSDP)
             totals.add(mb_totals)
         totals = totals.all_reduce()  # every rank's share of the batch

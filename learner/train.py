@@ -60,8 +60,17 @@ class Trainer:
     (sharded), its optimizer and learning-rate schedule, the frozen KL reference, the intrinsic
     reward and advantage options; one step per batch, full weights and checkpoints."""
 
-    def __init__(self, cfg: LearnerConfig, model_path: str, seed: int, resume_from: Path | None = None):
+    def __init__(
+        self,
+        cfg: LearnerConfig,
+        model_path: str,
+        seed: int,
+        resume_from: Path | None = None,
+        memory_in_use: bool = True,
+    ):
+        """`memory_in_use`: replay_buffer.p_memory > 0 (the paper's low-probability mask applies then)."""
         self.cfg = cfg  # its choices (ratio, advantage, intrinsic_kind, ...) were validated at load
+        self.memory_in_use = memory_in_use
         self.device = distributed.init(cfg.device)
         self.model, self.tokenizer = load_policy(model_path, self.device)  # HF names, config, save_pretrained
         if cfg.gradient_checkpointing:
@@ -98,7 +107,15 @@ class Trainer:
         with timer.phase("samples"):
             samples = build_samples(trajectories, self.cfg.score_scale, self.intrinsic, self.cfg.adv_eps, self.gigpo)
         stats = train_step(
-            self.scorer, self.optimizer, samples, self.cfg, self.version, self.ref, self.scheduler, timer
+            self.scorer,
+            self.optimizer,
+            samples,
+            self.cfg,
+            self.version,
+            self.ref,
+            self.scheduler,
+            timer,
+            memory_in_use=self.memory_in_use,
         )
         self.version += 1
         return stats
@@ -138,7 +155,6 @@ def step_record(
         "episode_score_mean": float(np.mean([t.score for t in trajectories])),
         "modes": sorted({t.mode for t in trajectories}),
         "staleness_mean_versions": float(np.mean(staleness)),
-        "masked_fraction": stats.samples_masked / max(stats.samples, 1),
         "step_seconds": step_s,
         "weight_push_seconds": push.seconds,
         "weight_push_engine_seconds": push.engine_seconds,
@@ -162,7 +178,15 @@ class Learner:
             if resume_from and not self.lcfg.lora_rank
             else resolve_model(cfg.model.name, cfg.model.cache_dir or None)
         )
-        self.trainer = Trainer(self.lcfg, self.model_path, cfg.seed, resume_from[0] if resume_from else None)
+        # "memory in use" is a property of the run (the paper masks whenever p > 0), read once here at the
+        # composition root rather than guessed from each batch's modes or restated as a learner key
+        self.trainer = Trainer(
+            self.lcfg,
+            self.model_path,
+            cfg.seed,
+            resume_from[0] if resume_from else None,
+            memory_in_use=cfg.replay_buffer.p_memory > 0,
+        )
         if resume_from:
             log.info("resumed from %s at policy version %d", resume_from[0], self.trainer.version)
         self.is_rank0 = distributed.rank() == 0  # rank 0 alone talks to the buffer and the servers

@@ -48,8 +48,14 @@ PANELS = [
     (
         "Ratio / clipping / masking",
         "percentunit",
-        ["empo2_learner_clip_fraction", "empo2_learner_dual_clip_fraction", "empo2_learner_masked_fraction"],
+        [
+            "empo2_learner_clip_fraction",
+            "empo2_learner_dual_clip_fraction",
+            'empo2_learner_masked_fraction{mode="all"}',
+        ],
     ),
+    # the low-probability mask by mode (learner.low_prob_mask; the paper's rule judges every mode while memory is on)
+    ("Low-probability mask by mode", "percentunit", ["empo2_learner_masked_fraction"]),
     ("Staleness of trained samples", "none", ["empo2_learner_staleness_mean_versions"]),
     (
         "Episode score (batch mean)",
