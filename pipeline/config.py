@@ -296,6 +296,8 @@ def validate(cfg: PipelineConfig) -> None:
     check(lr.dual_clip > 1, "learner.dual_clip", f"the dual-clip constant must be > 1, got {lr.dual_clip}")
     check(lr.behaviour_weight_cap > 0, "learner.behaviour_weight_cap", "must be > 0")
     at_least("learner.micro_batch_tokens", lr.micro_batch_tokens, 1)
+    at_least("learner.mini_batch_samples", lr.mini_batch_samples, 0)
+    at_least("learner.update_epochs", lr.update_epochs, 1)
     check(lr.score_scale > 0, "learner.score_scale", f"the score's factor must be > 0, got {lr.score_scale}")
     at_least("learner.lora_rank", lr.lora_rank, 0)
     within("learner.gigpo_gamma", lr.gigpo_gamma, 0.0, 1.0)
@@ -366,8 +368,17 @@ def validate(cfg: PipelineConfig) -> None:
     within("memory_service.similarity_threshold", mem.similarity_threshold, -1.0, 1.0)
     at_least("memory_service.top_k", mem.top_k, 1)
     at_least("memory_service.capacity", mem.capacity, 1)
-    at_least("memory_service.reflection_steps_shown", mem.reflection_steps_shown, 1)
+    at_least("memory_service.reflection_steps_shown", mem.reflection_steps_shown, 0)
+    at_least("memory_service.reflection_state_chars", mem.reflection_state_chars, 0)
+    at_least("memory_service.reflection_prompt_tokens", mem.reflection_prompt_tokens, 0)
     at_least("memory_service.reflection_max_tokens", mem.reflection_max_tokens, 1)
+    budget = mem.reflection_prompt_budget(ps.max_model_len)
+    check(
+        budget >= 1 and budget + mem.reflection_max_tokens <= ps.max_model_len,
+        "memory_service.reflection_prompt_tokens",
+        f"a prompt of {budget} tokens and reflection_max_tokens ({mem.reflection_max_tokens}) must fit "
+        f"policy_server.max_model_len ({ps.max_model_len})",
+    )
     at_least("memory_service.reflection_temperature", mem.reflection_temperature, 0)
     at_least("memory_service.reflection_batch_size", mem.reflection_batch_size, 1)
 

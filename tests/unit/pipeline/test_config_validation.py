@@ -72,6 +72,8 @@ def test_choices_load_by_their_values_and_read_as_plain_strings():
 # (overrides, the key the error names)
 RULES = [
     # cross-section
+    (["memory_service.reflection_prompt_tokens=2000"], "memory_service.reflection_prompt_tokens"),  # 2048 context
+    (["memory_service.reflection_max_tokens=2048"], "memory_service.reflection_prompt_tokens"),
     (["learner.lora_rank=8", "weight_sync.method=nccl"], "weight_sync.method"),
     (["weight_sync.method=nccl", "policy_server.device=cpu"], "weight_sync.method"),
     (["weight_sync.method=nccl", "learner.device=cpu"], "weight_sync.method"),
