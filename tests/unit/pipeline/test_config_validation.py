@@ -178,3 +178,10 @@ def test_the_reference_step_limits_are_the_defaults_and_the_cpu_profile_keeps_4_
     assert cpu.step_limit("find-living-thing") == 4 and cpu.step_limit("boil") == 4 and cpu.task_limits() == {}
     changed = load_config(["~profile", "env.max_steps_per_task.boil=50", "+env.max_steps_per_task.find-plant=7"]).env
     assert (changed.step_limit("boil"), changed.step_limit("find-plant"), changed.step_limit("melt")) == (50, 7, 80)
+
+
+def test_the_paper_profile_has_the_reference_sampling_and_response_cap():
+    cfg = load_config(["profile=paper"])
+    assert cfg.model.name == "Qwen/Qwen2.5-7B-Instruct"
+    assert (cfg.env_actor.temperature, cfg.tta.temperature, cfg.env_actor.max_action_tokens) == (1.0, 0.4, 32)
+    assert cfg.memory_service.reflection_temperature == cfg.env_actor.temperature  # reflections at the rollout's
