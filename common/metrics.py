@@ -119,7 +119,10 @@ class MemoryServiceMetrics(RoleMetrics):
 class LearnerMetrics(RoleMetrics):
     def __init__(self) -> None:
         super().__init__("learner")
-        self.steps = self._counter("steps", "Optimizer steps taken")
+        self.steps = self._counter("steps", "Learner steps taken (batches; the policy version rises by one each)")
+        self.optimizer_steps = self._counter(
+            "optimizer_steps", "Optimizer steps taken: one per mini-batch (learner.mini_batch_samples) of each batch"
+        )
         self.samples = self._counter("samples", "Turn samples trained on")
         self.tokens = self._counter("tokens", "Response tokens in the loss")
         self.loss = self._gauge("loss", "Last policy loss")
@@ -166,6 +169,7 @@ class LearnerMetrics(RoleMetrics):
     def observe_step(self, record: dict) -> None:
         """One learner step's record (learner/train.py, step_record)."""
         self.steps.inc()
+        self.optimizer_steps.inc(record.get("optimizer_steps", 1))
         self.samples.inc(record["samples"])
         self.tokens.inc(record["tokens"])
         self.loss.set(record["loss"])

@@ -45,7 +45,7 @@ class GigpoStepNorm(Choice):
 
 @dataclass
 class LearnerConfig:
-    total_steps: int = 3  # optimizer steps; the policy version rises by one per step
+    total_steps: int = 3  # learner steps (batches); the policy version rises by one per step
     groups_per_step: int = 16  # complete GRPO groups per batch (the paper: 16 tasks x G = 8 episodes)
     max_staleness: int = 4  # groups generated more than this many versions ago are dropped
     lr: float = 1e-6  # peak learning rate (AdamW)
@@ -61,6 +61,13 @@ class LearnerConfig:
     entropy_coef: float = 0.0  # β_H: entropy bonus (off in the paper)
     kl_coef: float = 0.0  # β_KL: k3 KL to the initial policy, kept frozen in memory (off in the paper)
     device: Device = Device.auto  # auto (CUDA if visible) | cpu | cuda; one device per torchrun rank
+    # turn samples per optimizer step (the reference: 128 = 16 x 8): each batch is shuffled (seeded by the run's
+    # seed and the policy version: reproducible, the same on every torchrun rank) and split into
+    # ceil(samples / mini_batch_samples) near-equal mini-batches, one optimizer step each, so the clip engages
+    # from the second on; 0 = the whole batch is one step. The learning-rate schedule still steps once per
+    # batch (policy version), and the policy version rises by one per batch
+    mini_batch_samples: int = 128
+    update_epochs: int = 1  # passes over each batch, reshuffled per pass (the reference: 1)
     # padded tokens per forward pass: samples sorted by length, batched up to this; 1 = one at a time
     micro_batch_tokens: int = 4096
     # r of LoRA adapters (peft) on lora_targets; 0 = full fine-tuning. Only adapters train and are pushed

@@ -70,7 +70,7 @@ class Trainer:
     ):
         """`memory_in_use`: replay_buffer.p_memory > 0 (the paper's low-probability mask applies then)."""
         self.cfg = cfg  # its choices (ratio, advantage, intrinsic_kind, ...) were validated at load
-        self.memory_in_use = memory_in_use
+        self.memory_in_use, self.seed = memory_in_use, seed
         self.device = distributed.init(cfg.device)
         self.model, self.tokenizer = load_policy(model_path, self.device)  # HF names, config, save_pretrained
         if cfg.gradient_checkpointing:
@@ -102,7 +102,8 @@ class Trainer:
         return scorer
 
     def step(self, trajectories: list[Trajectory], timer: PhaseTimer | None = None) -> StepStats:
-        """One optimizer step on a batch; `timer` gets the samples, score, forward_backward and optimizer phases."""
+        """One learner step on a batch (an optimizer step per mini-batch, learner/step.py); `timer` gets the
+        samples, score, forward_backward and optimizer phases."""
         timer = PhaseTimer(self.device) if timer is None else timer
         with timer.phase("samples"):
             samples = build_samples(trajectories, self.cfg.score_scale, self.intrinsic, self.cfg.adv_eps, self.gigpo)
@@ -116,6 +117,7 @@ class Trainer:
             self.scheduler,
             timer,
             memory_in_use=self.memory_in_use,
+            seed=self.seed,
         )
         self.version += 1
         return stats
@@ -265,13 +267,14 @@ class Learner:
         self.metrics.observe_step(record)
         self.history.append(record)
         log.info(
-            "step %d: loss=%.4f samples=%d (masked %d) tokens=%d score=%.1f ratio=%.3f clip=%.3f "
+            "step %d: loss=%.4f samples=%d (masked %d) tokens=%d optimizer_steps=%d score=%.1f ratio=%.3f clip=%.3f "
             "mismatch=%.2e/%.2e nats lr=%.2e step=%.1fs push=%.1fs phases: %s",
             record["step"],
             record["loss"],
             record["samples"],
             record["samples_masked"],
             record["tokens"],
+            record["optimizer_steps"],
             record["episode_score_mean"],
             record["ratio_mean"],
             record["clip_fraction"],

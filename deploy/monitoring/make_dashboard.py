@@ -56,6 +56,11 @@ PANELS = [
     ),
     # the low-probability mask by mode (learner.low_prob_mask; the paper's rule judges every mode while memory is on)
     ("Low-probability mask by mode", "percentunit", ["empo2_learner_masked_fraction"]),
+    (
+        "Optimizer steps per learner step (mini-batches)",
+        "none",
+        ["rate(empo2_learner_optimizer_steps_total[15m]) / rate(empo2_learner_steps_total[15m])"],
+    ),
     ("Staleness of trained samples", "none", ["empo2_learner_staleness_mean_versions"]),
     (
         "Episode score (batch mean)",

@@ -209,6 +209,7 @@ def test_step_record_carries_the_phases_and_the_metrics_export_them(model):
         assert value("empo2_learner_phase_seconds_sum", {"phase": phase}) == pytest.approx(2 * seconds)
     assert value("empo2_learner_phase_seconds_count", {"phase": "checkpoint"}) is None  # no checkpoint this step
     assert value("empo2_learner_steps_total") == 2
+    assert record["optimizer_steps"] == 1 and value("empo2_learner_optimizer_steps_total") == 2
     assert value("empo2_learner_step_seconds_sum") == pytest.approx(3.0)
     assert value("empo2_learner_weight_push_engine_seconds") == 0.125
     assert value("empo2_learner_policy_version") == 1

@@ -72,6 +72,7 @@ CPU_RUN = {
     "replay_buffer.max_ready_groups": 1,
     "learner.total_steps": 2,
     "learner.groups_per_step": 1,
+    "learner.mini_batch_samples": 0,  # one optimizer step per batch, as then (the paper: mini-batches of 128)
 }
 
 
