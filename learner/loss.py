@@ -15,7 +15,8 @@ are options: L_t − β_H · H_t + β_KL · KL_t, with the k3 KL estimate agains
     L2_t = −A · clip(r_t, 1 − ε_low, 1 + ε_high)
     L_t  = max(L1_t, L2_t)                  if A ≥ 0
          = min(max(L1_t, L2_t), −A · c)     if A < 0     (dual clip, c = 10)
-Aggregated as a token mean over every unmasked response token of the batch.
+Aggregated as a token mean over every unmasked response token of the mini-batch (one optimizer
+step; learner.mini_batch_samples, learner/step.py).
 
 Low-probability mask (paper Figure 6; learner.low_prob_mask): a turn sample is dropped whole
 when the minimum log-prob of its response is below τ = −5. Which samples, judged on which prompt:

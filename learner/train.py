@@ -1,9 +1,10 @@
 """Learner: batches of complete GRPO groups -> EMPO2 update -> new weights to every policy server.
 
 The loop (Learner.run) reads top to bottom:
-    get batch -> build turn samples -> optimizer step -> version += 1 -> push weights
+    get batch -> build turn samples -> optimizer steps -> version += 1 -> push weights
               -> maybe checkpoint -> publish metrics
-and the step itself is learner/step.py (train_step: score, mask, loss, backward, optimizer step).
+and the step itself is learner/step.py (train_step: score, then per mini-batch of
+learner.mini_batch_samples: mask, loss, backward, optimizer step).
 Each phase of both is timed (PHASES, PhaseTimer) and exported
 (empo2_learner_phase_seconds{phase=...}): the paper's Figure 12 time breakdown.
 Sockets (DEALER clients): replay buffer (BatchRequest -> Batch | Wait), each policy server

@@ -38,6 +38,7 @@ def test_the_choice_fields_are_enums():
         "learner.intrinsic_kind",
         "learner.advantage",
         "learner.gigpo_step_norm",
+        "learner.low_prob_mask",
         "learner.device",
         "policy_server.device",
         "policy_server.dtype",
@@ -103,6 +104,9 @@ RULES = [
     (["learner.behaviour_weight_cap=0"], "learner.behaviour_weight_cap"),
     (["learner.gigpo_gamma=1.5"], "learner.gigpo_gamma"),
     (["learner.micro_batch_tokens=0"], "learner.micro_batch_tokens"),
+    (["learner.mini_batch_samples=-1"], "learner.mini_batch_samples"),
+    (["learner.update_epochs=0"], "learner.update_epochs"),
+    (["learner.score_scale=0"], "learner.score_scale"),
     (["learner.keep_checkpoints=0"], "learner.keep_checkpoints"),
     # sizes, episodes, timeouts
     (["endpoints.policy_servers=[]"], "endpoints.policy_servers"),
