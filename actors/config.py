@@ -58,6 +58,12 @@ class EnvActorConfig:
     server_selection: ServerSelection = ServerSelection.least_loaded  # least_loaded | round_robin
     history_window: int = 4  # past (action, observation) pairs shown in the prompt
     max_action_tokens: int = 32  # generation cap for an action
+    # Stop generating at the first newline: an action is one line, and a small model otherwise goes on
+    # to write the next observation or more actions until the token cap, which costs generation time.
+    # The reference stops only at the cap (32 tokens) and maps the whole text. The executed action
+    # comes from the first line either way (unless a generation opens with a newline); the behaviour
+    # tokens differ. The raw text is kept in Trajectory.generated_texts either way.
+    stop_at_newline: bool = True
     temperature: float = 1.0  # sampling temperature in training (0.4 at evaluation)
     generate_timeout_s: float = 300.0  # one action generation; generous for CPU start-up
     memory_timeout_s: float = 5.0  # retrieval; after it, the turn goes without tips (counted)

@@ -32,13 +32,13 @@ from common.logs import short_id
 from common.metrics import EnvActorMetrics
 from common.model_prep import resolve_model
 from common.process import run_role
-from common.scienceworld import DEFAULT_STEP_LIMIT, ScienceWorld, most_similar_action
+from common.scienceworld import ScienceWorld, most_similar_action
 from pipeline.cli import role_config
 from pipeline.config import PipelineConfig
 from protocol import Client, RemoteError, RequestTimeout
 from protocol.messages import (
-    OFF_POLICY,
-    ON_POLICY_TIPS,
+    MAX_GENERATED_TEXT_CHARS,
+    TIP_MODES,
     Ack,
     Assignment,
     AssignmentRequest,
@@ -49,12 +49,12 @@ from protocol.messages import (
     MemoryResult,
     Trajectory,
     Wait,
+    is_success,
 )
 from protocol.transport import wait_until_ready
 
 log = logging.getLogger("env_actor")
 
-TIP_MODES = (ON_POLICY_TIPS, OFF_POLICY)
 # The generation seed of turn t is assignment.seed * TURN_SEEDS + t: one seed per turn, distinct
 # across the episodes of a group as long as an episode has fewer turns than this (max_steps).
 TURN_SEEDS = 1000
@@ -74,6 +74,7 @@ class Turn:
     tip_spans: list[tuple[int, int]]
     response: GenerateResponse
     num_memories: int
+    memory_retrieved: bool  # the retrieval answered (False: it failed, or the mode shows no tips)
     state: str
     action: str
 
@@ -120,19 +121,19 @@ class EpisodeRunner:
         turns: list[Turn] = []
         for t in range(self.step_limit(a.task)):
             t0 = time.perf_counter()
-            tips, n = [], 0
+            tips, n, retrieved = [], 0, False
             if a.mode in TIP_MODES:
                 found = retrieve(a.task, a.variation, result.state)
-                if found is None:
+                if found is None:  # memory unreachable: no tips, n = 0, marked not retrieved
                     stats.memory_fallbacks += 1
                 else:
-                    tips, n = found
+                    (tips, n), retrieved = found, True
                     stats.tips_shown += len(tips)
             prompt = self.prompts.build(task, history, result.state, tips)
             response = generate(prompt.token_ids, a.seed * TURN_SEEDS + t)
             action, mapped = most_similar_action(response.text, result.valid_actions)
             stats.invalid_actions += int(mapped)
-            turns.append(Turn(prompt.token_ids, prompt.tip_spans, response, n, result.state, action))
+            turns.append(Turn(prompt.token_ids, prompt.tip_spans, response, n, retrieved, result.state, action))
             result = self.env.step(action)
             history.append((action, result.observation))
             stats.step_seconds.append(time.perf_counter() - t0)
@@ -168,6 +169,9 @@ class EpisodeRunner:
             num_memories=np.asarray([t.num_memories for t in turns], dtype=np.int32),
             observations=[t.state for t in turns],
             actions=[t.action for t in turns],
+            memory_retrieved=np.asarray([t.memory_retrieved for t in turns], dtype=np.uint8),
+            generated_texts=[t.response.text[:MAX_GENERATED_TEXT_CHARS] for t in turns],
+            success=is_success(done, score),
         )
 
 
@@ -177,11 +181,9 @@ def open_episode_runner(cfg: PipelineConfig) -> EpisodeRunner:
 
     ecfg = cfg.env
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model.name, cfg.model.cache_dir or None))
-    longest = max([ecfg.max_steps, *ecfg.max_steps_per_task.values()])
-    # ScienceWorld's own limit above ours: our limit ends episodes, not the env's
-    env = ScienceWorld(ecfg.simplification, step_limit=max(DEFAULT_STEP_LIMIT, longest + 1))
+    env = ScienceWorld(ecfg.simplification, step_limit=ecfg.env_step_limit)
     prompts = PromptBuilder(tokenizer, cfg.env_actor.history_window)
-    return EpisodeRunner(env, prompts, ecfg.max_steps, ecfg.max_steps_per_task)
+    return EpisodeRunner(env, prompts, ecfg.max_steps, ecfg.task_limits())
 
 
 class ServerChooser:
@@ -305,7 +307,7 @@ class EnvWorker:
             max_tokens=self.acfg.max_action_tokens,
             temperature=self.acfg.temperature if temperature is None else temperature,
             seed=seed,
-            stop=["\n"],
+            stop=["\n"] if self.acfg.stop_at_newline else [],
         )
         for attempt in itertools.count(1):
             index = self.chooser.acquire()
@@ -383,13 +385,14 @@ class EnvWorker:
                 self.report_episode(episode)
                 self._record(episode)
                 log.info(
-                    "episode %s %s/%d mode=%s turns=%d score=%.0f versions=%s (%.1fs)",
+                    "episode %s %s/%d mode=%s turns=%d score=%.0f success=%s versions=%s (%.1fs)",
                     short_id(trajectory.episode_id),
                     trajectory.task,
                     trajectory.variation,
                     trajectory.mode,
                     trajectory.num_turns,
                     trajectory.score,
+                    trajectory.success,
                     sorted(set(trajectory.policy_versions.tolist())),
                     time.time() - t0,
                 )
@@ -426,6 +429,7 @@ class EnvWorker:
     def _record(self, episode: Episode) -> None:
         trajectory, stats, m = episode.trajectory, episode.stats, self.metrics
         m.episodes.labels(trajectory.mode).inc()
+        m.episodes_success.labels(trajectory.mode).inc(int(trajectory.success))
         m.env_steps.inc(trajectory.num_turns)
         m.invalid_actions.inc(stats.invalid_actions)
         m.memory_fallbacks.inc(stats.memory_fallbacks)

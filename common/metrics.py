@@ -64,6 +64,9 @@ class EnvActorMetrics(RoleMetrics):
     def __init__(self) -> None:
         super().__init__("env_actor")
         self.episodes = self._counter("episodes", "Episodes finished and uploaded", ("mode",))
+        self.episodes_success = self._counter(
+            "episodes_success", "Episodes solved: done with score > 70 (Trajectory.success)", ("mode",)
+        )
         self.env_steps = self._counter("env_steps", "Environment steps taken")
         self.invalid_actions = self._counter("invalid_actions_mapped", "Generated actions mapped to a valid one")
         self.memory_fallbacks = self._counter(
@@ -78,6 +81,9 @@ class ReplayBufferMetrics(RoleMetrics):
     def __init__(self) -> None:
         super().__init__("replay_buffer")
         self.trajectories = self._counter("trajectories_accepted", "Trajectories accepted and persisted", ("mode",))
+        self.trajectories_success = self._counter(
+            "trajectories_success", "Accepted trajectories of solved episodes (done, score > 70)", ("mode",)
+        )
         self.duplicates = self._counter("trajectories_duplicate", "Re-sent trajectories already held")
         self.assignments = self._counter("assignments", "Rollout slots handed out", ("mode",))
         self.reassigned = self._counter("assignments_reissued", "Slots handed out again after their lease expired")
@@ -113,7 +119,10 @@ class MemoryServiceMetrics(RoleMetrics):
 class LearnerMetrics(RoleMetrics):
     def __init__(self) -> None:
         super().__init__("learner")
-        self.steps = self._counter("steps", "Optimizer steps taken")
+        self.steps = self._counter("steps", "Learner steps taken (batches; the policy version rises by one each)")
+        self.optimizer_steps = self._counter(
+            "optimizer_steps", "Optimizer steps taken: one per mini-batch (learner.mini_batch_samples) of each batch"
+        )
         self.samples = self._counter("samples", "Turn samples trained on")
         self.tokens = self._counter("tokens", "Response tokens in the loss")
         self.loss = self._gauge("loss", "Last policy loss")
@@ -128,6 +137,14 @@ class LearnerMetrics(RoleMetrics):
             buckets=_PHASE_SECONDS,
             registry=self.registry,
         )
+        # the low-probability mask by mode (learner/step.py, StepStats.masked_fraction_<mode>), mode="all" overall
+        self.masked_fraction = Gauge(
+            "empo2_learner_masked_fraction",
+            "Fraction of turn samples dropped by the low-probability mask, by mode: all, on_policy, "
+            "on_policy_tips, off_policy (a mode is set only when the batch has samples of it)",
+            ["mode"],
+            registry=self.registry,
+        )
         self.stats = {
             name: self._gauge(name, doc)
             for name, doc in {
@@ -135,7 +152,6 @@ class LearnerMetrics(RoleMetrics):
                 "ratio_max": "Max importance ratio",
                 "clip_fraction": "Fraction of tokens clipped",
                 "dual_clip_fraction": "Fraction of tokens hit by the dual clip",
-                "masked_fraction": "Fraction of samples dropped by the low-probability mask",
                 "behaviour_weight_mean": "Decoupled PPO: mean proximal/behaviour weight",
                 "entropy_mean": "Mean policy entropy at response positions (if entropy_coef)",
                 "kl_mean": "Mean k3 KL to the initial policy (if kl_coef)",
@@ -153,6 +169,7 @@ class LearnerMetrics(RoleMetrics):
     def observe_step(self, record: dict) -> None:
         """One learner step's record (learner/train.py, step_record)."""
         self.steps.inc()
+        self.optimizer_steps.inc(record.get("optimizer_steps", 1))
         self.samples.inc(record["samples"])
         self.tokens.inc(record["tokens"])
         self.loss.set(record["loss"])
@@ -164,3 +181,8 @@ class LearnerMetrics(RoleMetrics):
         for name, gauge in self.stats.items():
             if name in record:
                 gauge.set(record[name])
+        if "masked_fraction" in record:
+            self.masked_fraction.labels("all").set(record["masked_fraction"])
+        for name, value in record.items():
+            if name.startswith("masked_fraction_") and value is not None:
+                self.masked_fraction.labels(name.removeprefix("masked_fraction_")).set(value)

@@ -20,6 +20,14 @@ class Ratio(Choice):
     decoupled = "decoupled"  # decoupled PPO for stale samples (clip against πprox, weight πprox/πbehaviour)
 
 
+class LowProbMask(Choice):
+    # every turn sample in every mode while memory is in use (replay_buffer.p_memory > 0), judged on
+    # the prompt it is updated on (tip-free off-policy, with tips on-policy with tips): the paper's
+    paper = "paper"
+    tip_rollouts = "tip_rollouts"  # only samples rolled out with tips, judged on the tip-free prompt
+    off = "off"
+
+
 class IntrinsicKind(Choice):
     count = "count"  # r_int = coef / (n + 1), n memories retrieved, tip modes only (the paper)
     rnd = "rnd"  # r_int = coef * RND error / running std, every mode (Figure 11's alternative; learner/rnd.py)
@@ -37,13 +45,13 @@ class GigpoStepNorm(Choice):
 
 @dataclass
 class LearnerConfig:
-    total_steps: int = 3  # optimizer steps; the policy version rises by one per step
+    total_steps: int = 3  # learner steps (batches); the policy version rises by one per step
     groups_per_step: int = 16  # complete GRPO groups per batch (the paper: 16 tasks x G = 8 episodes)
     max_staleness: int = 4  # groups generated more than this many versions ago are dropped
     lr: float = 1e-6  # peak learning rate (AdamW)
     lr_schedule: LrSchedule = LrSchedule.constant  # constant | linear | cosine, after warm-up
     warmup_steps: int = 0  # steps of linear warm-up from lr / warmup_steps up to lr
-    weight_decay: float = 0.0
+    weight_decay: float = 0.01  # AdamW's decoupled weight decay (the reference's 0.01)
     max_grad_norm: float = 1.0
     clip_low: float = 0.2  # ratio clipped to [1 - clip_low, 1 + clip_high]
     clip_high: float = 0.3
@@ -53,6 +61,13 @@ class LearnerConfig:
     entropy_coef: float = 0.0  # β_H: entropy bonus (off in the paper)
     kl_coef: float = 0.0  # β_KL: k3 KL to the initial policy, kept frozen in memory (off in the paper)
     device: Device = Device.auto  # auto (CUDA if visible) | cpu | cuda; one device per torchrun rank
+    # turn samples per optimizer step (the reference: 128 = 16 x 8): each batch is shuffled (seeded by the run's
+    # seed and the policy version: reproducible, the same on every torchrun rank) and split into
+    # ceil(samples / mini_batch_samples) near-equal mini-batches, one optimizer step each, so the clip engages
+    # from the second on; 0 = the whole batch is one step. The learning-rate schedule still steps once per
+    # batch (policy version), and the policy version rises by one per batch
+    mini_batch_samples: int = 128
+    update_epochs: int = 1  # passes over each batch, reshuffled per pass (the reference: 1)
     # padded tokens per forward pass: samples sorted by length, batched up to this; 1 = one at a time
     micro_batch_tokens: int = 4096
     # r of LoRA adapters (peft) on lora_targets; 0 = full fine-tuning. Only adapters train and are pushed
@@ -60,7 +75,10 @@ class LearnerConfig:
     lora_alpha: float = 16.0  # LoRA scale = alpha / r
     lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, more time
-    low_prob_threshold: float = -5.0  # drop a tip-rollout turn whose min tip-free log-prob is below
+    # low-probability mask (paper Figure 6): a turn sample leaves the loss whole when the minimum log-prob of
+    # its response is below low_prob_threshold; which samples, on which prompt: paper | tip_rollouts | off
+    low_prob_mask: LowProbMask = LowProbMask.paper
+    low_prob_threshold: float = -5.0
     intrinsic_kind: IntrinsicKind = IntrinsicKind.count  # count (paper) | rnd
     intrinsic_coef: float = 1.0  # coef of r_int, either kind; 0 = no intrinsic reward
     rnd_feature_dim: int = 1024  # rnd: size of the hashed bag-of-words/bigrams vector of an observation
@@ -68,7 +86,8 @@ class LearnerConfig:
     rnd_output_dim: int = 64  # rnd: embedding size the predictor regresses
     rnd_lr: float = 1e-3  # rnd: Adam learning rate of the predictor
     rnd_updates: int = 1  # rnd: predictor steps on each batch's observations, after its bonuses
-    score_scale: float = 0.01  # ScienceWorld scores (0..100) are scaled to 0..1 before adding r_int
+    # factor on the ScienceWorld score (0..100) before r_int is added; 1 = the reference: r_int (<= coef) breaks ties
+    score_scale: float = 1.0
     adv_eps: float = 1e-6
     advantage: Advantage = Advantage.grpo  # grpo (episode level) | gigpo (episode + anchor-state step level)
     gigpo_gamma: float = 0.95  # discount of the step-level returns

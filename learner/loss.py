@@ -15,10 +15,17 @@ are options: L_t − β_H · H_t + β_KL · KL_t, with the k3 KL estimate agains
     L2_t = −A · clip(r_t, 1 − ε_low, 1 + ε_high)
     L_t  = max(L1_t, L2_t)                  if A ≥ 0
          = min(max(L1_t, L2_t), −A · c)     if A < 0     (dual clip, c = 10)
-Aggregated as a token mean over every unmasked response token of the batch.
+Aggregated as a token mean over every unmasked response token of the mini-batch (one optimizer
+step; learner.mini_batch_samples, learner/step.py).
 
-Low-probability mask: a turn sample rolled out with tips is dropped whole when the minimum
-log-prob of its response under the tip-free prompt is below τ = −5 (paper Figure 6).
+Low-probability mask (paper Figure 6; learner.low_prob_mask): a turn sample is dropped whole
+when the minimum log-prob of its response is below τ = −5. Which samples, judged on which prompt:
+    paper         every sample in every mode while memory is in use (replay_buffer.p_memory > 0),
+                  on the prompt it is updated on (plain, with tips, tip-free for off-policy): the
+                  reference's first release
+    tip_rollouts  only samples rolled out with tips, on the tip-free prompt (this pipeline's earlier
+                  rule; on-policy-with-tips samples need a tip-free pass without grad)
+    off           none
 
 Staleness (the pipeline is asynchronous, so πθold may be k versions old): with
 `proximal_logp` given, the decoupled PPO objective (AReaL, arXiv 2505.24298) replaces r_t by
@@ -93,8 +100,19 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(delta) - delta - 1
 
 
-def low_probability_mask(tipfree_logp_min: float, rolled_out_with_tips: bool, threshold: float | None) -> bool:
-    """True if the turn sample stays in the loss."""
-    if threshold is None or not rolled_out_with_tips:
+def mask_subject(rule: str, memory_in_use: bool, rolled_out_with_tips: bool) -> bool:
+    """Whether the low-probability mask judges a turn sample: `rule` is learner.low_prob_mask
+    (paper | tip_rollouts | off), `memory_in_use` replay_buffer.p_memory > 0."""
+    if rule == "paper":
+        return memory_in_use
+    if rule == "tip_rollouts":
+        return rolled_out_with_tips
+    return False
+
+
+def low_probability_mask(logp_min: float, subject: bool, threshold: float | None) -> bool:
+    """True if the turn sample stays in the loss; `subject`: mask_subject's answer for it, `logp_min`
+    its minimum response log-prob on the prompt the rule judges it on."""
+    if threshold is None or not subject:
         return True
-    return tipfree_logp_min >= threshold
+    return logp_min >= threshold

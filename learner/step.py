@@ -1,8 +1,10 @@
 """One EMPO2 optimizer step over a batch of turn samples (empo2.md, "Advantage and loss").
 
-train_step reads: score without grad (tip-free minimum log-probs for the mask, the KL reference)
--> per micro-batch: forward on the update prompt, low-probability mask, clipped loss, backward
--> all-reduce the totals by name -> optimizer step. Every phase is timed (PHASES, PhaseTimer) and
+train_step reads: score without grad (the KL reference; the proximal policy of decoupled PPO over
+several mini-batches; tip-free minimum log-probs for the legacy tip_rollouts mask) -> per
+mini-batch (learner.mini_batch_samples, shuffled): per micro-batch: forward on the update prompt,
+low-probability mask, clipped loss, backward -> all-reduce the totals by name -> optimizer step;
+the learning-rate schedule steps once per batch. Every phase is timed (PHASES, PhaseTimer) and
 exported by the learner (empo2_learner_phase_seconds{phase=...}): the paper's Figure 12.
 
 Data parallelism is learner/distributed.py's: each rank scores its share of the samples and the
@@ -21,17 +23,17 @@ import torch
 
 from learner import distributed
 from learner.config import LearnerConfig
-from learner.loss import ClipConfig, clipped_policy_loss, entropy, kl_k3, low_probability_mask
+from learner.loss import ClipConfig, clipped_policy_loss, entropy, kl_k3, low_probability_mask, mask_subject
 from learner.policy_model import batch_log_softmax, token_logprobs
 from learner.samples import TurnSample
-from protocol.messages import ON_POLICY, ON_POLICY_TIPS
+from protocol.messages import MODES, ON_POLICY, ON_POLICY_TIPS
 
 PHASES = (
     "batch_wait",  # waiting for the replay buffer's Batch (rank 0) and its broadcast (every rank)
     "samples",  # turn samples: intrinsic reward, advantages
-    "score",  # passes without grad before the update: tip-free prompts for the mask, the KL reference
-    "forward_backward",  # the micro-batch loop: forward, mask, loss, backward; the totals' all-reduce
-    "optimizer",  # gradient mean, clip, optimizer step, schedule step
+    "score",  # passes without grad before the update: KL reference, proximal policy, tip-free prompts
+    "forward_backward",  # the micro-batch loops: forward, mask, loss, backward; the totals' all-reduce
+    "optimizer",  # gradient mean, clip, optimizer steps (one per mini-batch), schedule step
     "push",  # new weights to every policy server
     "checkpoint",  # checkpoint written (steps at learner.checkpoint_every)
 )
@@ -68,13 +70,17 @@ def _maxed():
 
 @dataclass
 class StepTotals:
-    """Running totals of one step: added up over a rank's micro-batches (`add`), then over the ranks
-    (`all_reduce`), each field by its own reduction: sums but the maxima. Token sums run over kept
-    tokens (the low-probability mask applied)."""
+    """Running totals of one mini-batch: added up over a rank's micro-batches (`add`), then over the
+    ranks (`all_reduce`), each field by its own reduction: sums but the maxima; then over the
+    mini-batches of the batch (`add`). Token sums run over kept tokens (the low-probability mask
+    applied)."""
 
     loss: float = _summed()  # Σ L_t
     kept_tokens: int = _summed(0)  # response tokens in the loss
     masked_samples: int = _summed(0)  # samples dropped by the low-probability mask
+    masked_on_policy: int = _summed(0)  # of them, by mode
+    masked_on_policy_tips: int = _summed(0)
+    masked_off_policy: int = _summed(0)
     ratio: float = _summed()  # Σ r_t
     clipped: float = _summed()  # tokens where the clip bound the surrogate
     dual_clipped: float = _summed()  # tokens where the dual clip bound it (A < 0)
@@ -104,9 +110,17 @@ class StepTotals:
 
 @dataclass
 class StepStats:
+    """One learner step (one batch, one policy version): over all its mini-batches and epochs, token
+    means over every kept token; mask counts over every pass (a sample counts once per epoch)."""
+
     loss: float  # token-mean policy loss of the step
     samples: int
-    samples_masked: int
+    samples_masked: int  # sample passes dropped by the mask (samples x update_epochs passes in all)
+    masked_fraction: float  # samples_masked / (samples x passes)
+    # the same by mode (None: no sample of that mode in the batch)
+    masked_fraction_on_policy: float | None
+    masked_fraction_on_policy_tips: float | None
+    masked_fraction_off_policy: float | None
     tokens: int
     ratio_mean: float
     ratio_max: float
@@ -122,16 +136,26 @@ class StepStats:
     logprob_mismatch_mean_nats: float  # |vLLM - learner| on same-version, same-prompt tokens
     logprob_mismatch_max_nats: float
     mismatch_tokens: int
+    optimizer_steps: int  # optimizer steps taken: one per mini-batch with a kept token
 
     @classmethod
-    def from_totals(cls, totals: StepTotals, samples: list[TurnSample], lr: float) -> StepStats:
-        """The step's statistics from every rank's totals: token means over the kept tokens (the
-        mismatch over its own tokens); `samples` is the whole batch (every rank's)."""
+    def from_totals(
+        cls, totals: StepTotals, samples: list[TurnSample], lr: float, optimizer_steps: int = 1, passes: int = 1
+    ) -> StepStats:
+        """The step's statistics from every rank's totals of every mini-batch: token means over the
+        kept tokens (the mismatch over its own tokens); `samples` is the whole batch (every rank's),
+        seen `passes` times (learner.update_epochs)."""
         kept = max(totals.kept_tokens, 1)
+        per_mode = {mode: passes * sum(s.mode == mode for s in samples) for mode in MODES}
         return cls(
             loss=totals.loss / kept,
             samples=len(samples),
             samples_masked=totals.masked_samples,
+            masked_fraction=totals.masked_samples / max(passes * len(samples), 1),
+            **{
+                f"masked_fraction_{mode}": getattr(totals, f"masked_{mode}") / n if n else None
+                for mode, n in per_mode.items()
+            },
             tokens=totals.kept_tokens,
             ratio_mean=totals.ratio / kept,
             ratio_max=totals.ratio_max,
@@ -147,6 +171,7 @@ class StepStats:
             logprob_mismatch_mean_nats=totals.mismatch / max(totals.mismatch_tokens, 1),
             logprob_mismatch_max_nats=totals.mismatch_max,
             mismatch_tokens=totals.mismatch_tokens,
+            optimizer_steps=optimizer_steps,
         )
 
 
@@ -199,30 +224,56 @@ def _length(s: TurnSample) -> int:
     return len(s.update_prompt) + len(s.response)
 
 
-def rank_share(samples: list[TurnSample]) -> list[TurnSample]:
-    """This rank's samples: every world_size-th by length (all of them in a single process)."""
-    order = sorted(range(len(samples)), key=lambda i: _length(samples[i]))
-    return [samples[i] for i in order[distributed.rank() :: distributed.world_size()]]
+def rank_share(samples: list[TurnSample], indices: list[int] | None = None) -> list[int]:
+    """This rank's share of samples[indices] (all of them by default), as indices into `samples`:
+    every world_size-th by length (all of them in a single process), sorted by length."""
+    order = sorted(range(len(samples)) if indices is None else indices, key=lambda i: _length(samples[i]))
+    return order[distributed.rank() :: distributed.world_size()]
+
+
+def mini_batch_plan(num_samples: int, size: int, epochs: int, seed: int | None, version: int) -> list[list[int]]:
+    """The sample indices of each optimizer step of one batch (learner.mini_batch_samples = `size`,
+    learner.update_epochs = `epochs`): per epoch, the batch shuffled and split into
+    ceil(num_samples / size) mini-batches of near-equal sizes (numpy's array_split); size 0, or one
+    at least the batch, is one step per epoch over the whole batch (its order does not matter then).
+    The shuffle is seeded by (seed, version): reproducible, and the same on every rank."""
+    steps = 1 if size == 0 else max(1, -(-num_samples // size))
+    rng = np.random.default_rng([(seed or 0) % 2**32, version])
+    plan = []
+    for _ in range(epochs):
+        order = rng.permutation(num_samples) if steps > 1 else np.arange(num_samples)
+        plan += [part.tolist() for part in np.array_split(order, steps)]
+    return plan
 
 
 @dataclass
 class PreScores:
     """What the update pass needs from the passes without grad, per sample (score_before_update)."""
 
-    # min_t log πθ(a_t | s) on the tip-free prompt, for the low-probability mask, where the update
-    # prompt has tips (on-policy with tips); None elsewhere: the update pass's log-probs decide
+    # learner.low_prob_mask=tip_rollouts: min_t log πθ(a_t | s) on the tip-free prompt, where the update
+    # prompt has tips (on-policy with tips); None elsewhere: the update pass's log-probs decide (always, paper)
     mask_logp_min: list[float | None]
     ref_logp: list[torch.Tensor] | None  # [T] log πref(a_t | s') of the KL reference; None without one
+    # [T] log πprox(a_t | s'): decoupled PPO over several mini-batches, the learner's policy before the
+    # batch's first optimizer step (AReaL). None: the update pass's own log-probs (detached) are πprox, as
+    # they are the weights before the step when the batch takes a single one
+    proximal_logp: list[torch.Tensor] | None = None
 
     def take(self, indices: list[int]) -> PreScores:
-        ref_logp = None if self.ref_logp is None else [self.ref_logp[i] for i in indices]
-        return PreScores([self.mask_logp_min[i] for i in indices], ref_logp)
+        def pick(values):
+            return None if values is None else [values[i] for i in indices]
+
+        return PreScores(pick(self.mask_logp_min), pick(self.ref_logp), pick(self.proximal_logp))
 
 
-def score_before_update(model, ref_model, samples: list[TurnSample], budget: int) -> PreScores:
-    """The passes without grad, in micro-batches: the tip-free prompts of the samples updated with
-    tips (for the mask), then every update prompt under the KL reference, if any."""
-    tip_scored = [i for i, s in enumerate(samples) if s.with_tips and s.mode == ON_POLICY_TIPS]
+def score_before_update(
+    model, ref_model, samples: list[TurnSample], budget: int, tipfree_mask: bool, proximal: bool = False
+) -> PreScores:
+    """The passes without grad, in micro-batches: with `tipfree_mask` (learner.low_prob_mask=tip_rollouts)
+    the tip-free prompts of the samples updated with tips, then every update prompt under the KL
+    reference, if any, and with `proximal` under the policy itself (decoupled PPO's πprox). The
+    paper's mask needs no pass of its own: it judges the update pass."""
+    tip_scored = [i for i, s in enumerate(samples) if tipfree_mask and s.with_tips and s.mode == ON_POLICY_TIPS]
     tipfree = score_without_grad(model, [(samples[i].tipfree_prompt, samples[i].response) for i in tip_scored], budget)
     mask_logp_min: list[float | None] = [None] * len(samples)
     for i, lp in zip(tip_scored, tipfree):
@@ -232,7 +283,10 @@ def score_before_update(model, ref_model, samples: list[TurnSample], budget: int
         if ref_model is None
         else score_without_grad(ref_model, [(s.update_prompt, s.response) for s in samples], budget)
     )
-    return PreScores(mask_logp_min, ref_logp)
+    proximal_logp = (
+        score_without_grad(model, [(s.update_prompt, s.response) for s in samples], budget) if proximal else None
+    )
+    return PreScores(mask_logp_min, ref_logp, proximal_logp)
 
 
 def micro_batch_loss(
@@ -241,11 +295,13 @@ def micro_batch_loss(
     pre: PreScores,
     cfg: LearnerConfig,
     version: int,
+    memory_in_use: bool = True,
 ) -> tuple[torch.Tensor, StepTotals]:
     """[N] per-token EMPO2 loss L_t of the micro-batch's kept tokens (learner/loss.py), to be summed
     and back-propagated, and the micro-batch's totals. `pre`: the samples' scores without grad
-    (score_before_update). No samples (a rank with no micro-batch left): a pad sample is
-    scored, never in the loss, so that every rank runs the same forwards and backwards (FSDP)."""
+    (score_before_update). `memory_in_use`: replay_buffer.p_memory > 0, for the paper's mask.
+    No samples (a rank with no micro-batch left): a pad sample is scored, never in the loss, so
+    that every rank runs the same forwards and backwards (FSDP)."""
     device = next(model.parameters()).device
     batch = samples or [_PAD]
     responses = [_ids(s.response, device) for s in batch]
@@ -258,9 +314,14 @@ def micro_batch_loss(
     per_sample = list(zip(samples, logp.detach().split(lengths.tolist()), behaviour_logp.split(lengths.tolist())))
     # the engines' mismatch, where the learner scores what the server scored with the same weights
     gaps = [(lp - b).abs() for s, lp, b in per_sample if s.policy_version == version and s.update_is_behaviour_prompt]
-    # low-probability mask (Figure 6): a tip rollout's sample leaves whole if min_t log πθ(a_t | s) < τ
+    # low-probability mask (Figure 6): a sample the rule judges leaves whole if min_t log πθ(a_t | ·) < τ, on
+    # its update prompt (the tip-free pre-score of an on-policy-with-tips sample under tip_rollouts)
     kept = [
-        low_probability_mask(m if m is not None else float(lp.min()), s.with_tips, cfg.low_prob_threshold)
+        low_probability_mask(
+            m if m is not None else float(lp.min()),
+            mask_subject(cfg.low_prob_mask, memory_in_use, s.with_tips),
+            cfg.low_prob_threshold,
+        )
         for (s, lp, _), m in zip(per_sample, pre.mask_logp_min)
     ]
     keep = torch.repeat_interleave(torch.tensor(kept or [False], device=device), lengths)  # [ΣT]
@@ -268,8 +329,14 @@ def micro_batch_loss(
         torch.tensor([s.advantage for s in batch], dtype=torch.float32, device=device), lengths
     )  # [ΣT] A of each token's sample
     logp, behaviour_logp, advantages = logp[keep], behaviour_logp[keep], advantages[keep]  # [N] kept tokens
-    # decoupled PPO: the proximal policy is the weights before this step's update, detached
-    proximal_logp = logp.detach() if cfg.ratio == "decoupled" else None
+    # decoupled PPO: the proximal policy is the weights before the batch's first update (pre-scored when the
+    # batch takes several optimizer steps; else the update pass's own log-probs, detached)
+    proximal_logp = None
+    if cfg.ratio == "decoupled":
+        pre_scored = pre.proximal_logp
+        proximal_logp = (
+            logp.detach() if pre_scored is None else torch.cat(pre_scored or [torch.zeros(1)]).to(device)[keep]
+        )
     clip = ClipConfig(cfg.clip_low, cfg.clip_high, cfg.dual_clip)
     # L_t = clipped surrogate (dual clip) [× w_t, decoupled] − β_H · H_t + β_KL · KL_t
     loss, diag = clipped_policy_loss(logp, behaviour_logp, advantages, clip, proximal_logp, cfg.behaviour_weight_cap)
@@ -283,6 +350,7 @@ def micro_batch_loss(
         loss=float(loss.detach().sum()),
         kept_tokens=logp.numel(),
         masked_samples=kept.count(False),
+        **{f"masked_{mode}": sum(not k and s.mode == mode for s, k in zip(samples, kept)) for mode in MODES},
         mismatch=sum(float(g.sum()) for g in gaps),
         mismatch_tokens=sum(g.numel() for g in gaps),
         ratio_max=float(diag["ratio"].max()) if logp.numel() else 0.0,
@@ -292,19 +360,17 @@ def micro_batch_loss(
     return loss, totals
 
 
-def optimizer_step(model, optimizer, scheduler, kept_tokens: int, max_grad_norm: float) -> float:
-    """θ ← θ − lr · clip(∇ Σ L_t / kept tokens): the summed gradients become the token mean's. The
-    schedule steps once per policy version, even when every sample was masked. Returns this step's lr."""
-    if kept_tokens:
-        for p in model.parameters():
-            if p.grad is not None:
-                p.grad.div_(kept_tokens)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-        optimizer.step()
-    lr = optimizer.param_groups[0]["lr"]
-    if scheduler is not None:
-        scheduler.step()
-    return lr
+def optimizer_step(model, optimizer, kept_tokens: int, max_grad_norm: float) -> bool:
+    """θ ← θ − lr · clip(∇ Σ L_t / kept tokens): the summed gradients become the token mean's. No
+    step when nothing was kept (every sample masked). True if it stepped."""
+    if not kept_tokens:
+        return False
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.div_(kept_tokens)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return True
 
 
 def train_step(
@@ -316,32 +382,65 @@ def train_step(
     ref_model=None,
     scheduler=None,
     timer: PhaseTimer | None = None,
+    memory_in_use: bool = True,
+    seed: int | None = None,
 ) -> StepStats:
-    """One optimizer step over all samples: the token mean of the EMPO2 loss.
+    """One learner step over a batch: one optimizer step per mini-batch, each the token mean of the
+    EMPO2 loss over that mini-batch's kept tokens.
 
-    Each rank takes every world_size-th sample by length (learner/distributed.py; all of them in
-    a single process) and scores its share in micro-batches of at most cfg.micro_batch_tokens
-    padded tokens, sorted by length. Each micro-batch's loss *sum* is back-propagated; the
-    gradients, summed over ranks, are divided by the kept tokens of all ranks at the end, which
-    is exactly the token mean without knowing the low-probability mask in advance (it is
-    decided per sample after its forward). `timer` gets the score, forward_backward and
-    optimizer phases.
+    The batch is shuffled and split into mini-batches (mini_batch_plan: learner.mini_batch_samples,
+    learner.update_epochs; the shuffle seeded by `seed` and `version`, the same on every rank);
+    0 or a size at least the batch is a single step. In each mini-batch every rank takes every
+    world_size-th sample by length (learner/distributed.py; all of them in a single process) and
+    scores its share in micro-batches of at most cfg.micro_batch_tokens padded tokens, sorted by
+    length. Each micro-batch's loss *sum* is back-propagated; the gradients, summed over ranks,
+    are divided by the kept tokens of all ranks of that mini-batch, which is exactly the token mean
+    without knowing the low-probability mask in advance (it is decided per sample after its
+    forward). The learning-rate schedule steps once, at the end (once per policy version).
+    `timer` gets the score, forward_backward and optimizer phases. `memory_in_use`
+    (replay_buffer.p_memory > 0) turns the paper's low-probability mask on (learner.low_prob_mask=paper).
     """
     device = next(model.parameters()).device
     timer = PhaseTimer(device) if timer is None else timer
     distributed.init(device.type)  # a plain caller gets a group of one
-    mine = rank_share(samples)
+    plan = mini_batch_plan(len(samples), cfg.mini_batch_samples, cfg.update_epochs, seed, version)
+    plan = [rank_share(samples, mb) for mb in plan]  # this rank's share of each mini-batch
+    mine = sorted({i for mb in plan for i in mb})  # every sample this rank updates on, scored first
+    position = {i: k for k, i in enumerate(mine)}
     model.train()
     optimizer.zero_grad(set_to_none=True)
     with timer.phase("score"):
-        pre = score_before_update(model, ref_model, mine, cfg.micro_batch_tokens)
-    with timer.phase("forward_backward"):
-        totals = StepTotals()
-        for mb in distributed.synced(micro_batches([_length(s) for s in mine], cfg.micro_batch_tokens)):
-            loss, mb_totals = micro_batch_loss(model, [mine[i] for i in mb], pre.take(mb), cfg, version)
-            loss.sum().backward()  # also with nothing kept: every rank runs the same backwards (FSDP)
-            totals.add(mb_totals)
-        totals = totals.all_reduce()  # every rank's share of the batch
+        pre = score_before_update(
+            model,
+            ref_model,
+            [samples[i] for i in mine],
+            cfg.micro_batch_tokens,
+            tipfree_mask=cfg.low_prob_mask == "tip_rollouts",
+            proximal=cfg.ratio == "decoupled" and len(plan) > 1,  # πprox: the weights before the first step
+        )
+    totals, steps = StepTotals(), 0
+    for mini in plan:
+        with timer.phase("forward_backward"):
+            optimizer.zero_grad(set_to_none=True)
+            mb_totals = StepTotals()
+            for micro in distributed.synced(micro_batches([_length(samples[i]) for i in mini], cfg.micro_batch_tokens)):
+                chosen = [mini[j] for j in micro]
+                loss, micro_totals = micro_batch_loss(
+                    model,
+                    [samples[i] for i in chosen],
+                    pre.take([position[i] for i in chosen]),
+                    cfg,
+                    version,
+                    memory_in_use,
+                )
+                loss.sum().backward()  # also with nothing kept: every rank runs the same backwards (FSDP)
+                mb_totals.add(micro_totals)
+            mb_totals = mb_totals.all_reduce()  # every rank's share of the mini-batch
+        with timer.phase("optimizer"):
+            steps += optimizer_step(model, optimizer, mb_totals.kept_tokens, cfg.max_grad_norm)
+        totals.add(mb_totals)
     with timer.phase("optimizer"):
-        lr = optimizer_step(model, optimizer, scheduler, totals.kept_tokens, cfg.max_grad_norm)
-    return StepStats.from_totals(totals, samples, lr)
+        lr = optimizer.param_groups[0]["lr"]  # the batch's: the schedule steps once per policy version
+        if scheduler is not None:
+            scheduler.step()
+    return StepStats.from_totals(totals, samples, lr, optimizer_steps=steps, passes=cfg.update_epochs)

@@ -1,9 +1,10 @@
 """Learner: batches of complete GRPO groups -> EMPO2 update -> new weights to every policy server.
 
 The loop (Learner.run) reads top to bottom:
-    get batch -> build turn samples -> optimizer step -> version += 1 -> push weights
+    get batch -> build turn samples -> optimizer steps -> version += 1 -> push weights
               -> maybe checkpoint -> publish metrics
-and the step itself is learner/step.py (train_step: score, mask, loss, backward, optimizer step).
+and the step itself is learner/step.py (train_step: score, then per mini-batch of
+learner.mini_batch_samples: mask, loss, backward, optimizer step).
 Each phase of both is timed (PHASES, PhaseTimer) and exported
 (empo2_learner_phase_seconds{phase=...}): the paper's Figure 12 time breakdown.
 Sockets (DEALER clients): replay buffer (BatchRequest -> Batch | Wait), each policy server
@@ -60,8 +61,17 @@ class Trainer:
     (sharded), its optimizer and learning-rate schedule, the frozen KL reference, the intrinsic
     reward and advantage options; one step per batch, full weights and checkpoints."""
 
-    def __init__(self, cfg: LearnerConfig, model_path: str, seed: int, resume_from: Path | None = None):
+    def __init__(
+        self,
+        cfg: LearnerConfig,
+        model_path: str,
+        seed: int,
+        resume_from: Path | None = None,
+        memory_in_use: bool = True,
+    ):
+        """`memory_in_use`: replay_buffer.p_memory > 0 (the paper's low-probability mask applies then)."""
         self.cfg = cfg  # its choices (ratio, advantage, intrinsic_kind, ...) were validated at load
+        self.memory_in_use, self.seed = memory_in_use, seed
         self.device = distributed.init(cfg.device)
         self.model, self.tokenizer = load_policy(model_path, self.device)  # HF names, config, save_pretrained
         if cfg.gradient_checkpointing:
@@ -93,12 +103,22 @@ class Trainer:
         return scorer
 
     def step(self, trajectories: list[Trajectory], timer: PhaseTimer | None = None) -> StepStats:
-        """One optimizer step on a batch; `timer` gets the samples, score, forward_backward and optimizer phases."""
+        """One learner step on a batch (an optimizer step per mini-batch, learner/step.py); `timer` gets the
+        samples, score, forward_backward and optimizer phases."""
         timer = PhaseTimer(self.device) if timer is None else timer
         with timer.phase("samples"):
             samples = build_samples(trajectories, self.cfg.score_scale, self.intrinsic, self.cfg.adv_eps, self.gigpo)
         stats = train_step(
-            self.scorer, self.optimizer, samples, self.cfg, self.version, self.ref, self.scheduler, timer
+            self.scorer,
+            self.optimizer,
+            samples,
+            self.cfg,
+            self.version,
+            self.ref,
+            self.scheduler,
+            timer,
+            memory_in_use=self.memory_in_use,
+            seed=self.seed,
         )
         self.version += 1
         return stats
@@ -138,7 +158,6 @@ def step_record(
         "episode_score_mean": float(np.mean([t.score for t in trajectories])),
         "modes": sorted({t.mode for t in trajectories}),
         "staleness_mean_versions": float(np.mean(staleness)),
-        "masked_fraction": stats.samples_masked / max(stats.samples, 1),
         "step_seconds": step_s,
         "weight_push_seconds": push.seconds,
         "weight_push_engine_seconds": push.engine_seconds,
@@ -162,7 +181,15 @@ class Learner:
             if resume_from and not self.lcfg.lora_rank
             else resolve_model(cfg.model.name, cfg.model.cache_dir or None)
         )
-        self.trainer = Trainer(self.lcfg, self.model_path, cfg.seed, resume_from[0] if resume_from else None)
+        # "memory in use" is a property of the run (the paper masks whenever p > 0), read once here at the
+        # composition root rather than guessed from each batch's modes or restated as a learner key
+        self.trainer = Trainer(
+            self.lcfg,
+            self.model_path,
+            cfg.seed,
+            resume_from[0] if resume_from else None,
+            memory_in_use=cfg.replay_buffer.p_memory > 0,
+        )
         if resume_from:
             log.info("resumed from %s at policy version %d", resume_from[0], self.trainer.version)
         self.is_rank0 = distributed.rank() == 0  # rank 0 alone talks to the buffer and the servers
@@ -241,13 +268,14 @@ class Learner:
         self.metrics.observe_step(record)
         self.history.append(record)
         log.info(
-            "step %d: loss=%.4f samples=%d (masked %d) tokens=%d score=%.1f ratio=%.3f clip=%.3f "
+            "step %d: loss=%.4f samples=%d (masked %d) tokens=%d optimizer_steps=%d score=%.1f ratio=%.3f clip=%.3f "
             "mismatch=%.2e/%.2e nats lr=%.2e step=%.1fs push=%.1fs phases: %s",
             record["step"],
             record["loss"],
             record["samples"],
             record["samples_masked"],
             record["tokens"],
+            record["optimizer_steps"],
             record["episode_score_mean"],
             record["ratio_mean"],
             record["clip_fraction"],

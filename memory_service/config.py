@@ -32,9 +32,20 @@ class MemoryServiceConfig:
     key: MemoryKey = MemoryKey.task_variation  # one memory per task_variation | task | global
     reflection_system: str = REFLECTION_SYSTEM  # system prompt of the reflection request
     reflection_instruction: str = REFLECTION_INSTRUCTION  # closes the user turn, after the attempt
-    reflection_steps_shown: int = 12  # the last N (state, action) steps of the episode are shown
-    reflection_max_tokens: int = 128
-    reflection_temperature: float = 0.7
+    # The reflection request is the episode as a chat (a user turn per state, an assistant turn per
+    # action) closed by the final score and the instruction: the reference shows the whole episode.
+    reflection_steps_shown: int = 0  # 0 = every step; N = only the last N
+    reflection_state_chars: int = 0  # 0 = states in full; N = each state cut to its first N characters
+    # The prompt's token budget: 0 = policy_server.max_model_len - reflection_max_tokens. A longer
+    # episode loses its oldest steps first (the prompt says how many); the task and the score stay.
+    reflection_prompt_tokens: int = 0
+    reflection_max_tokens: int = 128  # the reference's generation cap
+    reflection_temperature: float = 1.0  # the rollout temperature, as in the reference
     reflection_timeout_s: float = 300.0
     reflection_batch_size: int = 8  # episodes reflected on concurrently (the engine batches them)
     db_file: str = "memory.sqlite"  # inside run_dir; every accepted entry is persisted here
+
+    def reflection_prompt_budget(self, max_model_len: int) -> int:
+        """Tokens the reflection prompt may take: reflection_prompt_tokens, or what the policy
+        server's context (policy_server.max_model_len) leaves after the reflection itself."""
+        return self.reflection_prompt_tokens or max_model_len - self.reflection_max_tokens

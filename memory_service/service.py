@@ -38,22 +38,65 @@ from protocol.messages import Ack, EpisodeReport, GenerateRequest, MemoryQuery, 
 
 log = logging.getLogger("memory_service")
 
-# Each step's state in the reflection prompt is cut to this many characters: the prompt shows
-# reflection_steps_shown steps and must stay well inside the policy's context (max_model_len).
-REFLECTION_STATE_CHARS = 160
 # The stored reflection's first characters in the log line (the whole text is in the store).
 LOGGED_REFLECTION_CHARS = 120
 
 
-def reflection_messages(report: EpisodeReport, mcfg: MemoryServiceConfig) -> list[dict]:
-    """The chat the policy answers with its reflection (prompts from memory_service config)."""
-    steps = list(zip(report.actions, report.observations))[-mcfg.reflection_steps_shown :]
-    lines = "\n".join(
-        f"{i + 1}. state: {obs.strip()[:REFLECTION_STATE_CHARS]!r} -> action: {act}"
-        for i, (act, obs) in enumerate(steps)
-    )
-    user = f"Task: {report.task_description}\nAttempt:\n{lines}\nFinal score: {report.score:.0f}/100.\n\n{mcfg.reflection_instruction}"
-    return [{"role": "system", "content": mcfg.reflection_system}, {"role": "user", "content": user}]
+def reflection_messages(report: EpisodeReport, mcfg: MemoryServiceConfig, skip: int = 0) -> list[dict]:
+    """The chat the policy answers with its reflection (prompts from memory_service config): the
+    episode as the agent played it, a user turn per state and an assistant turn per action, then the
+    final score and the instruction. The last reflection_steps_shown steps (0: all), less the `skip`
+    oldest of those (reflection_prompt fits the prompt to its budget so); the first user turn says
+    how many earlier steps are left out."""
+    steps = list(zip(report.observations, report.actions))
+    if mcfg.reflection_steps_shown > 0:
+        steps = steps[-mcfg.reflection_steps_shown :]
+    steps = steps[min(skip, len(steps)) :]
+    hidden = len(report.actions) - len(steps)
+    cap = mcfg.reflection_state_chars
+
+    def state(obs: str) -> str:
+        return obs.strip()[:cap] if cap > 0 else obs.strip()
+
+    opening = f"Task: {report.task_description}"
+    if hidden:
+        opening += f"\n\n(The first {hidden} of the attempt's {len(report.actions)} steps are not shown.)"
+    messages = [{"role": "system", "content": mcfg.reflection_system}]
+    for i, (obs, action) in enumerate(steps):
+        messages.append({"role": "user", "content": f"{opening}\n\n{state(obs)}" if i == 0 else state(obs)})
+        messages.append({"role": "assistant", "content": action})
+    closing = f"The attempt ended with the final score {report.score:.0f}/100.\n\n{mcfg.reflection_instruction}"
+    messages.append({"role": "user", "content": closing if steps else f"{opening}\n\n{closing}"})
+    return messages
+
+
+def reflection_prompt(
+    report: EpisodeReport, mcfg: MemoryServiceConfig, tokenizer, max_prompt_tokens: int
+) -> tuple[np.ndarray, int]:
+    """(prompt token ids, steps left out to fit): the reflection chat, chat-templated, with the
+    fewest oldest steps dropped that bring it within `max_prompt_tokens` (all of them if even the
+    task and the score alone do not fit: that prompt is sent as it is)."""
+
+    def encode(skip: int) -> list[int]:
+        text = tokenizer.apply_chat_template(
+            reflection_messages(report, mcfg, skip), tokenize=False, add_generation_prompt=True
+        )
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    ids = encode(0)
+    low, high = 0, len(report.actions)  # the smallest skip that fits lies in (low, high]
+    if len(ids) > max_prompt_tokens:
+        while high - low > 1:  # the length falls as steps are dropped: bisect
+            mid = (low + high) // 2
+            if len(encode(mid)) <= max_prompt_tokens:
+                high = mid
+            else:
+                low = mid
+        skip = high
+        ids = encode(skip)
+    else:
+        skip = 0
+    return np.asarray(ids, dtype=np.int32), skip
 
 
 def tip_text(reflection: str, action: str, score: float) -> str:
@@ -70,6 +113,8 @@ class MemoryService:
         # embedding threads for the cores (benchmarks/README.md: query p50 43.9 -> 16.4 ms at 10k).
         threadpool_limits(limits=1, user_api="blas")
         self.reports: queue.Queue[EpisodeReport] = queue.Queue()
+        # the reflection prompt's token budget: what the policy server's context leaves to it
+        self.prompt_budget = self.mcfg.reflection_prompt_budget(cfg.policy_server.max_model_len)
         memories, entries = self.store.stats()
         self.metrics.memories.set(memories)
         self.metrics.entries.set(entries)
@@ -128,16 +173,19 @@ class MemoryService:
             self.metrics.reflection_batch.observe(len(reports))
             t0 = time.perf_counter()
             for client, report in zip(clients, reports):
-                text = tokenizer.apply_chat_template(
-                    reflection_messages(report, self.mcfg), tokenize=False, add_generation_prompt=True
-                )
+                prompt_ids, dropped = reflection_prompt(report, self.mcfg, tokenizer, self.prompt_budget)
+                if dropped:
+                    log.info(
+                        "episode %s: reflection prompt over %d tokens; its %d oldest steps left out",
+                        short_id(report.episode_id),
+                        self.prompt_budget,
+                        dropped,
+                    )
                 rid = next(request_ids)
                 client.send(
                     GenerateRequest(
                         request_id=f"reflect-{rid}",
-                        prompt_token_ids=np.asarray(
-                            tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32
-                        ),
+                        prompt_token_ids=prompt_ids,
                         max_tokens=self.mcfg.reflection_max_tokens,
                         temperature=self.mcfg.reflection_temperature,
                         seed=rid,

@@ -82,16 +82,44 @@ class MetricsConfig:
         return self.base_port + first + index
 
 
+# The reference wrapper's per-task step limits (empo2.md, "Reference experimental setup"); every other
+# task: EnvConfig.max_steps (30).
+REFERENCE_TASK_STEP_LIMITS = {
+    "boil": 100,
+    "change-the-state-of-matter-of": 80,
+    "freeze": 80,
+    "melt": 80,
+    "measure-melting-point-known-substance": 120,
+    "grow-fruit": 60,
+    "chemistry-mix": 60,
+}
+
+
 @dataclass
 class EnvConfig:
     """ScienceWorld episodes: read by the env actors, the replay buffer (variation lists) and
     the evaluation drivers."""
 
     simplification: str = "easy"  # ScienceWorld simplification preset (or a comma-separated list)
-    max_steps: int = 30  # step limit per episode (the reference's limit for most tasks)
-    # per-task limits over max_steps, e.g. +env.max_steps_per_task.boil=100 ("+": Hydra adds a key to
-    # the map); conf/profile/paper.yaml has the reference's
-    max_steps_per_task: dict[str, int] = field(default_factory=dict)
+    max_steps: int = 30  # step limit per episode of a task not in max_steps_per_task (the reference's)
+    # Per-task limits over max_steps: the reference wrapper's. A profile or an override changes one
+    # (env.max_steps_per_task.boil=50) or adds one (+env.max_steps_per_task.find-plant=10); a map in a
+    # profile merges with this one, so a profile that wants max_steps for every task sets
+    # task_step_limits=false instead.
+    max_steps_per_task: dict[str, int] = field(default_factory=lambda: dict(REFERENCE_TASK_STEP_LIMITS))
+    task_step_limits: bool = True  # false: max_steps_per_task is ignored, every task plays max_steps
+    # ScienceWorld's own step limit (envStepLimit): the env reports done once an episode has taken more
+    # moves than this. The reference's 100; a task limit above it (measure-melting-point-known-substance,
+    # 120) is cut there by the env, as in the reference.
+    env_step_limit: int = 100
+
+    def step_limit(self, task: str) -> int:
+        """The number of turns an episode of `task` may take (the env may end it earlier)."""
+        return self.task_limits().get(task, self.max_steps)
+
+    def task_limits(self) -> dict[str, int]:
+        """The per-task limits in force: max_steps_per_task, or none when task_step_limits is false."""
+        return dict(self.max_steps_per_task) if self.task_step_limits else {}
 
 
 class WeightSyncMethod(Choice):
@@ -222,6 +250,7 @@ def validate(cfg: PipelineConfig) -> None:
     at_least("startup_timeout_s", cfg.startup_timeout_s, 0)
     check(bool(cfg.endpoints.policy_servers), "endpoints.policy_servers", "needs at least one server")
     at_least("env.max_steps", env.max_steps, 1)
+    at_least("env.env_step_limit", env.env_step_limit, 1)
     for task, steps in env.max_steps_per_task.items():
         at_least(f"env.max_steps_per_task.{task}", steps, 1)
 
@@ -267,6 +296,9 @@ def validate(cfg: PipelineConfig) -> None:
     check(lr.dual_clip > 1, "learner.dual_clip", f"the dual-clip constant must be > 1, got {lr.dual_clip}")
     check(lr.behaviour_weight_cap > 0, "learner.behaviour_weight_cap", "must be > 0")
     at_least("learner.micro_batch_tokens", lr.micro_batch_tokens, 1)
+    at_least("learner.mini_batch_samples", lr.mini_batch_samples, 0)
+    at_least("learner.update_epochs", lr.update_epochs, 1)
+    check(lr.score_scale > 0, "learner.score_scale", f"the score's factor must be > 0, got {lr.score_scale}")
     at_least("learner.lora_rank", lr.lora_rank, 0)
     within("learner.gigpo_gamma", lr.gigpo_gamma, 0.0, 1.0)
     for name in ("rnd_feature_dim", "rnd_hidden", "rnd_output_dim"):
@@ -336,8 +368,17 @@ def validate(cfg: PipelineConfig) -> None:
     within("memory_service.similarity_threshold", mem.similarity_threshold, -1.0, 1.0)
     at_least("memory_service.top_k", mem.top_k, 1)
     at_least("memory_service.capacity", mem.capacity, 1)
-    at_least("memory_service.reflection_steps_shown", mem.reflection_steps_shown, 1)
+    at_least("memory_service.reflection_steps_shown", mem.reflection_steps_shown, 0)
+    at_least("memory_service.reflection_state_chars", mem.reflection_state_chars, 0)
+    at_least("memory_service.reflection_prompt_tokens", mem.reflection_prompt_tokens, 0)
     at_least("memory_service.reflection_max_tokens", mem.reflection_max_tokens, 1)
+    budget = mem.reflection_prompt_budget(ps.max_model_len)
+    check(
+        budget >= 1 and budget + mem.reflection_max_tokens <= ps.max_model_len,
+        "memory_service.reflection_prompt_tokens",
+        f"a prompt of {budget} tokens and reflection_max_tokens ({mem.reflection_max_tokens}) must fit "
+        f"policy_server.max_model_len ({ps.max_model_len})",
+    )
     at_least("memory_service.reflection_temperature", mem.reflection_temperature, 0)
     at_least("memory_service.reflection_batch_size", mem.reflection_batch_size, 1)
 

@@ -19,6 +19,18 @@ ON_POLICY = "on_policy"  # rollout without tips, update without tips
 ON_POLICY_TIPS = "on_policy_tips"  # rollout with tips, update with the same tips in the prompt
 OFF_POLICY = "off_policy"  # rollout with tips, update with tips removed from the prompt
 MODES = (ON_POLICY, ON_POLICY_TIPS, OFF_POLICY)
+TIP_MODES = (ON_POLICY_TIPS, OFF_POLICY)  # the rollouts that retrieve tips and show them
+
+# An episode is a success when the environment ended it (done) with a score above this: the reference
+# wrapper's definition (empo2.md, "Reference experimental setup").
+SUCCESS_SCORE = 70.0
+# Trajectory.generated_texts: the env actor keeps at most this many characters of a turn's generation
+# (an action is capped at env_actor.max_action_tokens tokens, a few hundred characters at most).
+MAX_GENERATED_TEXT_CHARS = 2048
+
+
+def is_success(done: bool, score: float) -> bool:
+    return bool(done and score > SUCCESS_SCORE)
 
 
 def _check(condition: bool, message: str) -> None:
@@ -320,6 +332,26 @@ class Trajectory(Message):
     num_memories: np.ndarray  # int32 [turns] memories retrieved for each turn (intrinsic reward)
     observations: list[str]  # the state text at each turn
     actions: list[str]  # the (valid) action executed at each turn
+    # The fields below are set by the env actor; left None at construction (a record written before
+    # they existed, a hand-built test trajectory) they are derived in __post_init__ as noted.
+    # uint8 [turns]: 1 = the turn's retrieval answered (num_memories is its count, possibly 0); 0 = it
+    # failed or timed out, or the mode shows no tips (the learner gives such turns no intrinsic reward).
+    # Derived: 1 on every turn of a tip mode, 0 otherwise.
+    memory_retrieved: np.ndarray | None = None
+    # The raw generated text of each turn (actions holds the valid action it was mapped to), at most
+    # MAX_GENERATED_TEXT_CHARS each. Derived: a copy of actions.
+    generated_texts: list[str] | None = None
+    # done and score > SUCCESS_SCORE (the reference wrapper's definition of a solved episode). Derived
+    # from done and score; validate() checks it agrees with them.
+    success: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.memory_retrieved is None:
+            self.memory_retrieved = np.full(self.num_turns, int(self.mode in TIP_MODES), np.uint8)
+        if self.generated_texts is None:
+            self.generated_texts = list(self.actions)
+        if self.success is None:
+            self.success = is_success(self.done, self.score)
 
     @property
     def num_turns(self) -> int:
@@ -342,6 +374,15 @@ class Trajectory(Message):
         _check(self.behaviour_logprobs.shape == self.response_token_ids.shape, "logprobs length")
         _check(self.num_memories.shape == (n,), "num_memories must have one entry per turn")
         _check(len(self.observations) == n and len(self.actions) == n, "text lists per turn")
+        retrieved = self.memory_retrieved
+        _check(retrieved.dtype == np.uint8 and retrieved.shape == (n,), "memory_retrieved must be uint8, one per turn")
+        _check(bool(np.all(retrieved <= 1)), "memory_retrieved must be 0 or 1")
+        _check(len(self.generated_texts) == n, "generated_texts must have one entry per turn")
+        _check(
+            all(len(text) <= MAX_GENERATED_TEXT_CHARS for text in self.generated_texts),
+            f"a generated text is longer than {MAX_GENERATED_TEXT_CHARS} characters",
+        )
+        _check(self.success == is_success(self.done, self.score), "success must be done and score > SUCCESS_SCORE")
         spans = self.tip_spans
         _check(spans.ndim == 2 and spans.shape[1] == 3, "tip_spans must be [k, 3]")
         for turn, start, end in spans.tolist():

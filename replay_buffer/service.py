@@ -79,6 +79,7 @@ class BufferProcess:
         if self.buffer.add(msg):
             self.log.append_trajectory(encode(msg))
             self.metrics.trajectories.labels(msg.mode).inc()
+            self.metrics.trajectories_success.labels(msg.mode).inc(int(msg.success))
         else:
             self.metrics.duplicates.inc()
         self.metrics.groups_ready.set(len(self.buffer.ready))

@@ -48,13 +48,33 @@ PANELS = [
     (
         "Ratio / clipping / masking",
         "percentunit",
-        ["empo2_learner_clip_fraction", "empo2_learner_dual_clip_fraction", "empo2_learner_masked_fraction"],
+        [
+            "empo2_learner_clip_fraction",
+            "empo2_learner_dual_clip_fraction",
+            'empo2_learner_masked_fraction{mode="all"}',
+        ],
+    ),
+    # the low-probability mask by mode (learner.low_prob_mask; the paper's rule judges every mode while memory is on)
+    ("Low-probability mask by mode", "percentunit", ["empo2_learner_masked_fraction"]),
+    (
+        "Optimizer steps per learner step (mini-batches)",
+        "none",
+        ["rate(empo2_learner_optimizer_steps_total[15m]) / rate(empo2_learner_steps_total[15m])"],
     ),
     ("Staleness of trained samples", "none", ["empo2_learner_staleness_mean_versions"]),
     (
         "Episode score (batch mean)",
         "none",
         ["empo2_learner_episode_score_mean", "avg(empo2_env_actor_last_episode_score)"],
+    ),
+    (
+        "Success rate by mode (done, score > 70)",
+        "percentunit",
+        [
+            "sum by (mode) (rate(empo2_replay_buffer_trajectories_success_total[15m]))"
+            " / sum by (mode) (rate(empo2_replay_buffer_trajectories_accepted_total[15m]))",
+            "sum(rate(empo2_env_actor_episodes_success_total[15m])) / sum(rate(empo2_env_actor_episodes_total[15m]))",
+        ],
     ),
     ("Memory entries", "none", ["empo2_memory_service_entries"]),
     (

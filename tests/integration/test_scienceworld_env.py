@@ -5,6 +5,8 @@ generation function returns fixed texts (the real policy's path is the e2e test'
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -18,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def runner():
-    cfg = load_config(["env.max_steps=3", "+env.max_steps_per_task.find-plant=2"])
+    cfg = load_config(["env.max_steps=3", "+env.max_steps_per_task.find-plant=2", "env.task_step_limits=true"])
     runner = open_episode_runner(cfg)
     yield runner
     runner.env.close()
@@ -55,9 +57,44 @@ def _look_around(prompt_ids: np.ndarray, seed: int) -> GenerateResponse:
     )
 
 
-@pytest.mark.parametrize("task, turns", [("find-plant", 2), ("find-living-thing", 3)])
+# find-plant: the override; find-living-thing: env.max_steps; chemistry-mix: the reference's default 60
+@pytest.mark.parametrize("task, turns", [("find-plant", 2), ("find-living-thing", 3), ("chemistry-mix", 60)])
 def test_per_task_step_limits(runner, task, turns):
     assignment = Assignment(group_id="g", slot=0, task=task, variation=0, mode=ON_POLICY, seed=1)
     trajectory, stats = runner.play(assignment, "actor-test", _look_around, lambda *a: None)
     assert trajectory.num_turns == turns and not trajectory.done
     assert trajectory.actions == ["look around"] * turns and stats.invalid_actions == turns
+
+
+def test_the_env_step_limit_ends_an_episode_before_a_longer_task_limit():
+    """env.env_step_limit is ScienceWorld's envStepLimit: the env reports done once an episode has
+    taken more moves than it, whatever our per-task limit (here 120, the reference's for this task).
+    Moves are the env's count, not turns: "look around" is free, "wait1" counts 2 in 1.2.3."""
+    cfg = load_config(["env.task_step_limits=true", "env.env_step_limit=4"])
+    assert cfg.env.step_limit("measure-melting-point-known-substance") == 120
+    runner = open_episode_runner(cfg)
+    try:
+        assignment = Assignment(
+            group_id="g", slot=0, task="measure-melting-point-known-substance", variation=0, mode=ON_POLICY, seed=1
+        )
+        trajectory, _ = runner.play(assignment, "actor-test", _wait, lambda *a: None)
+    finally:
+        runner.env.close()
+    assert trajectory.actions[0] == "wait1"
+    assert trajectory.done and trajectory.num_turns <= 5 and not trajectory.success
+
+
+def _wait(prompt_ids: np.ndarray, seed: int) -> GenerateResponse:
+    return dataclasses.replace(_look_around(prompt_ids, seed), text="wait1")
+
+
+def test_the_cpu_profile_plays_4_steps_of_any_task():
+    cfg = load_config([])
+    runner = open_episode_runner(cfg)
+    try:
+        for task in ("find-living-thing", "boil"):
+            assignment = Assignment(group_id="g", slot=0, task=task, variation=0, mode=ON_POLICY, seed=1)
+            trajectory, _ = runner.play(assignment, "actor-test", _look_around, lambda *a: None)
+            assert trajectory.num_turns == 4 and not trajectory.done
+    finally:
+        runner.env.close()

@@ -116,6 +116,9 @@ def test_play_an_assignment_with_tips_at_a_given_temperature_then_report_it(serv
     assert trajectory.num_turns == 2 and trajectory.done and trajectory.score == 100.0
     assert trajectory.actions == ["open door", "open door"]
     assert trajectory.policy_versions.tolist() == [3, 3]
+    assert trajectory.memory_retrieved.tolist() == [1, 1] and trajectory.num_memories.tolist() == [1, 1]
+    assert trajectory.generated_texts == ["open door", "open door"]
+    assert trajectory.success  # done with 100 > 70
     assert episode.task_description == "Your task is to open-door (1)."
     assert episode.stats.tips_shown == 2 and episode.stats.memory_fallbacks == 0
     generations = [m for m in policy.received if isinstance(m, GenerateRequest)]
@@ -137,6 +140,7 @@ def test_play_without_tips_uses_the_configured_temperature_and_asks_no_memory(se
     finally:
         worker.close()
     assert episode.stats.tips_shown == 0 and episode.trajectory.num_turns == 1
+    assert episode.trajectory.memory_retrieved.tolist() == [0]  # no tips in this mode: nothing retrieved
     assert [m.temperature for m in policy.received if isinstance(m, GenerateRequest)] == [0.7]
     assert memory.received == []
 
@@ -156,3 +160,67 @@ def test_a_pool_plays_every_assignment_and_returns_them_in_order(servers):
     assert {e.trajectory.actor_id for e in episodes} <= {"actor0", "actor0.1"}
     assert all(e.trajectory.done for e in episodes)
     assert all(env.closed for env in envs)
+
+
+def _response(text: str) -> GenerateResponse:
+    return GenerateResponse(
+        request_id="r",
+        token_ids=np.array([7], np.int32),
+        logprobs=np.array([-0.5], np.float32),
+        text=text,
+        policy_version=0,
+        finish_reason="stop",
+    )
+
+
+def test_a_failed_retrieval_is_marked_not_retrieved_and_counts_no_memories():
+    """Turn 0: the memory service is down (None); turn 1: it answers with no memories; turn 2: one.
+    Only turn 0 is marked not retrieved; n is 0 on both of the first two turns."""
+    answers = iter([None, ([], 0), (["tip"], 1)])
+    runner = EpisodeRunner(ScriptedEnv(turns=3), PlainPrompts(), max_steps=5)
+    trajectory, stats = runner.play(
+        _assignment(ON_POLICY_TIPS), "actor0", lambda ids, seed: _response("Open the door.\n"), lambda *q: next(answers)
+    )
+    assert trajectory.memory_retrieved.tolist() == [0, 1, 1]
+    assert trajectory.num_memories.tolist() == [0, 0, 1]
+    assert stats.memory_fallbacks == 1
+    # the raw generation is kept next to the valid action it was mapped to
+    assert trajectory.generated_texts == ["Open the door.\n"] * 3
+    assert trajectory.actions == ["open door"] * 3
+    trajectory.validate()
+
+
+def test_success_needs_done_and_a_score_above_70():
+    class Stuck(ScriptedEnv):  # never done, scores 100
+        def step(self, action):
+            return StepResult("o", "o", 100.0, False, ["open door"])
+
+    play = lambda env: EpisodeRunner(env, PlainPrompts(), max_steps=2).play(  # noqa: E731
+        _assignment(ON_POLICY), "a", lambda ids, seed: _response("open door"), lambda *q: None
+    )[0]
+    assert play(ScriptedEnv(turns=1)).success  # done, 100
+    stuck = play(Stuck(turns=1))
+    assert stuck.score == 100.0 and not stuck.done and not stuck.success
+
+
+def test_episode_metrics_count_successes_by_mode(servers):
+    worker = EnvWorker(_cfg(servers), runner=EpisodeRunner(ScriptedEnv(1), PlainPrompts(), max_steps=5))
+    try:
+        worker._record(worker.play(_assignment(ON_POLICY)))  # done with 100: a success
+    finally:
+        worker.close()
+    sample = worker.metrics.registry.get_sample_value
+    assert sample("empo2_env_actor_episodes_total", {"mode": ON_POLICY}) == 1
+    assert sample("empo2_env_actor_episodes_success_total", {"mode": ON_POLICY}) == 1
+
+
+@pytest.mark.parametrize("stop_at_newline, stop", [(True, ["\n"]), (False, [])])
+def test_the_newline_stop_is_a_config_key(servers, stop_at_newline, stop):
+    policy, _, _ = servers
+    worker = EnvWorker(_cfg(servers, f"env_actor.stop_at_newline={str(stop_at_newline).lower()}"))
+    try:
+        worker.generate(np.arange(3, dtype=np.int32), seed=1)
+    finally:
+        worker.close()
+    [request] = [m for m in policy.received if isinstance(m, GenerateRequest)]
+    assert request.stop == stop

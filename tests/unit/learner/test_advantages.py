@@ -6,8 +6,10 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from learner.advantages import TIP_MODES, CountBonus, group_advantages, turn_rewards
+from learner.config import LearnerConfig
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory
 
 
@@ -78,30 +80,52 @@ def test_negative_score_failed_goal():
     np.testing.assert_allclose(r, [-1.0, -1.0], atol=1e-12)
 
 
+def test_default_scale_adds_the_intrinsic_reward_unscaled_to_the_0_100_score():
+    """The reference's relative scale: score 0..100 as it is, plus r_int = coef / (n + 1) <= coef."""
+    cfg = LearnerConfig()
+    assert cfg.score_scale == 1.0 and cfg.intrinsic_coef == 1.0
+    r = _rewards(_traj(ON_POLICY_TIPS, 50.0, [0, 1, 3]), cfg.score_scale, cfg.intrinsic_coef)
+    # 50 + 1/1, 50 + 1/2, 50 + 1/4
+    np.testing.assert_allclose(r, [51.0, 50.5, 50.25], atol=1e-12)
+    # two episodes with equal scores: the bonus breaks the tie; a 10-point better score outweighs any bonus
+    assert _rewards(_traj(OFF_POLICY, 60.0, [10]), 1.0, 1.0)[0] > _rewards(_traj(OFF_POLICY, 50.0, [0]), 1.0, 1.0)[0]
+
+
+@pytest.mark.parametrize("mode", [ON_POLICY_TIPS, OFF_POLICY])
+def test_a_failed_retrieval_gives_no_intrinsic_reward(mode):
+    traj = _traj(mode, 20.0, [0, 0, 3])
+    traj.memory_retrieved = np.array([1, 0, 1], np.uint8)  # turn 1: the memory service did not answer
+    traj.validate()
+    (intrinsic,) = CountBonus(1.0)([traj])
+    # turn 0 answered with no memories: 1/(0+1) = 1; turn 1 failed: 0 (not 1); turn 2: 1/(3+1)
+    np.testing.assert_allclose(intrinsic, [1.0, 0.0, 0.25], atol=1e-12)
+    np.testing.assert_allclose(turn_rewards(traj, 1.0, intrinsic), [21.0, 20.0, 20.25], atol=1e-12)
+
+
 def test_group_advantages_pooled_over_all_turns_of_the_group():
     adv = group_advantages([np.array([1.0, 1.0]), np.array([0.0])], eps=0.0)
-    # pooled [1, 1, 0]: mean = 2/3, var = (1/9 + 1/9 + 4/9) / 3 = 2/9, std = sqrt(2/9) = 0.4714045
-    # (1 - 2/3) / sqrt(2/9) = (1/3) / (sqrt(2)/3) = 1/sqrt(2) = 0.7071068
-    # (0 - 2/3) / sqrt(2/9) = -2/sqrt(2) = -sqrt(2) = -1.4142136
+    # pooled [1, 1, 0]: mean = 2/3, var = (1/9 + 1/9 + 4/9) / (3 - 1) = 1/3 (Bessel), std = 1/sqrt(3) = 0.5773503
+    # (1 - 2/3) / (1/sqrt(3)) = sqrt(3)/3 = 0.5773503
+    # (0 - 2/3) / (1/sqrt(3)) = -2 sqrt(3)/3 = -1.1547005
     assert len(adv) == 2
-    np.testing.assert_allclose(adv[0], [0.7071068, 0.7071068], atol=1e-6)
-    np.testing.assert_allclose(adv[1], [-1.4142136], atol=1e-6)
+    np.testing.assert_allclose(adv[0], [0.5773503, 0.5773503], atol=1e-6)
+    np.testing.assert_allclose(adv[1], [-1.1547005], atol=1e-6)
 
 
 def test_group_advantages_eps_is_added_to_std():
     adv = group_advantages([np.array([2.0]), np.array([0.0])], eps=1.0)
-    # mean 1, std 1: (2 - 1) / (1 + 1) = 0.5, (0 - 1) / 2 = -0.5
-    np.testing.assert_allclose(adv[0], [0.5], atol=1e-12)
-    np.testing.assert_allclose(adv[1], [-0.5], atol=1e-12)
+    # mean 1, std sqrt((1 + 1) / (2 - 1)) = sqrt(2): (2 - 1) / (sqrt(2) + 1) = sqrt(2) - 1 = 0.4142136, and -0.4142136
+    np.testing.assert_allclose(adv[0], [math.sqrt(2) - 1], atol=1e-12)
+    np.testing.assert_allclose(adv[1], [1 - math.sqrt(2)], atol=1e-12)
 
 
 def test_group_advantages_differs_from_per_episode_normalisation():
     # episode means are 1 and 0; per-turn pooling gives the turns of episode 0 different values
     adv = group_advantages([np.array([0.0, 2.0]), np.array([0.0])], eps=0.0)
-    # pooled [0, 2, 0]: mean 2/3, var = (4/9 + 16/9 + 4/9) / 3 = 8/9, std = 2*sqrt(2)/3 = 0.9428090
-    # (0 - 2/3) / 0.9428090 = -0.7071068 ; (2 - 2/3) / 0.9428090 = 1.4142136
-    np.testing.assert_allclose(adv[0], [-0.7071068, 1.4142136], atol=1e-6)
-    np.testing.assert_allclose(adv[1], [-0.7071068], atol=1e-6)
+    # pooled [0, 2, 0]: mean 2/3, var = (4/9 + 16/9 + 4/9) / (3 - 1) = 4/3, std = 2/sqrt(3) = 1.1547005
+    # (0 - 2/3) / 1.1547005 = -0.5773503 ; (2 - 2/3) / 1.1547005 = 1.1547005
+    np.testing.assert_allclose(adv[0], [-0.5773503, 1.1547005], atol=1e-6)
+    np.testing.assert_allclose(adv[1], [-0.5773503], atol=1e-6)
 
 
 def test_all_equal_rewards_give_zero_advantages():
@@ -122,5 +146,17 @@ def test_advantages_have_zero_mean_unit_std_over_pooled_turns():
     adv = group_advantages(rewards, eps=0.0)
     pooled = np.concatenate(adv)
     assert math.isclose(pooled.mean(), 0.0, abs_tol=1e-12)
-    assert math.isclose(pooled.std(), 1.0, rel_tol=1e-12)
+    assert math.isclose(pooled.std(ddof=1), 1.0, rel_tol=1e-12)  # the sample std (Bessel) is 1
     assert [len(a) for a in adv] == [3, 5, 1, 4]
+
+
+def test_group_advantages_are_torch_std_normalised_with_bessel():
+    """A = (R - mean) / (torch.std(R) + eps): torch.std is unbiased (n - 1), as the reference's."""
+    rng = np.random.default_rng(1)
+    rewards = [rng.normal(50, 30, size=k) for k in (4, 2, 3)]
+    eps = 1e-6
+    pooled = torch.from_numpy(np.concatenate(rewards))
+    expected = (pooled - pooled.mean()) / (torch.std(pooled) + eps)
+    np.testing.assert_allclose(np.concatenate(group_advantages(rewards, eps)), expected.numpy(), rtol=1e-12)
+    # and the population std would give another answer
+    assert not np.allclose(np.concatenate(group_advantages(rewards, eps)), (pooled - pooled.mean()) / pooled.std(False))

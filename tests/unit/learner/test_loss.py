@@ -180,16 +180,16 @@ def test_gradient_of_clipped_token_is_zero(ratio, advantage):
 
 
 def test_low_probability_mask():
-    # kept when the rollout had no tips, whatever the log-prob
-    assert low_probability_mask(-50.0, rolled_out_with_tips=False, threshold=-5.0) is True
+    # kept when the rule does not judge the sample (e.g. tip_rollouts and no tips), whatever the log-prob
+    assert low_probability_mask(-50.0, subject=False, threshold=-5.0) is True
     # kept when the mask is disabled
-    assert low_probability_mask(-50.0, rolled_out_with_tips=True, threshold=None) is True
+    assert low_probability_mask(-50.0, subject=True, threshold=None) is True
     # dropped below the threshold with tips
-    assert low_probability_mask(-5.01, rolled_out_with_tips=True, threshold=-5.0) is False
-    assert low_probability_mask(-7.0, rolled_out_with_tips=True, threshold=-5.0) is False
+    assert low_probability_mask(-5.01, subject=True, threshold=-5.0) is False
+    assert low_probability_mask(-7.0, subject=True, threshold=-5.0) is False
     # exactly at the threshold: kept
-    assert low_probability_mask(-5.0, rolled_out_with_tips=True, threshold=-5.0) is True
-    assert low_probability_mask(-0.3, rolled_out_with_tips=True, threshold=-5.0) is True
+    assert low_probability_mask(-5.0, subject=True, threshold=-5.0) is True
+    assert low_probability_mask(-0.3, subject=True, threshold=-5.0) is True
 
 
 # ---------------------------------------------------- train_step: the three EMPO2 modes
@@ -311,9 +311,9 @@ def test_on_policy_tips_sample_scores_full_prompt_with_tips(tiny_model, recorder
     # -A * r = -2 * exp(0.1) = -2 * 1.1051709 = -2.2103418
     assert expected == pytest.approx(-2.2103418, abs=1e-4)
 
-    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(), version=5)
+    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(low_prob_mask="tip_rollouts"), version=5)
 
-    # the tip-free prompt for the mask, without grad (first); the update prompt with tips, with grad
+    # tip_rollouts: the tip-free prompt for the mask, without grad (first); the update prompt with tips, with grad
     assert len(recorder) == 2
     np.testing.assert_array_equal(recorder[0][0], base)
     assert recorder[0][1] is False
@@ -322,6 +322,30 @@ def test_on_policy_tips_sample_scores_full_prompt_with_tips(tiny_model, recorder
     assert stats.loss == pytest.approx(-2.2103418, abs=1e-4)
     assert stats.ratio_mean == pytest.approx(1.1051709, abs=1e-4)
     assert stats.clip_fraction == 0.0
+
+
+def test_the_paper_mask_judges_the_update_pass_so_no_tipfree_pass_runs(tiny_model, recorder):
+    base, with_tips = _prompt_with_tips()
+    response = np.array([10, 11], dtype=np.int32)
+    s = _sample(with_tips, base, response, _logp(tiny_model, with_tips, response), 2.0, ON_POLICY_TIPS, 5, True)
+    with_tips_min = float(_logp(tiny_model, with_tips, response).min())
+    tipfree_min = float(_logp(tiny_model, base, response).min())
+    assert _cfg().low_prob_mask == "paper"  # the default
+
+    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(), version=5)
+
+    assert len(recorder) == 1  # the update pass only, with tips and with grad
+    np.testing.assert_array_equal(recorder[0][0], with_tips)
+    assert recorder[0][1] is True
+    assert stats.samples_masked == 0
+    # judged on the with-tips minimum: a threshold between the two minima decides by it, not the tip-free one
+    threshold = (with_tips_min + tipfree_min) / 2
+    masked = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(low_prob_threshold=threshold), version=5)
+    assert masked.samples_masked == int(with_tips_min < threshold)
+    legacy = step_mod.train_step(
+        tiny_model, _sgd(tiny_model), [s], _cfg(low_prob_threshold=threshold, low_prob_mask="tip_rollouts"), version=5
+    )
+    assert legacy.samples_masked == int(tipfree_min < threshold) != masked.samples_masked
 
 
 def test_on_policy_sample_scores_its_prompt_once(tiny_model, recorder):
@@ -348,7 +372,7 @@ def test_low_probability_mask_drops_tip_samples_and_loss_is_token_mean_of_kept(t
     off = _sample(base, base, r_off, _logp(tiny_model, with_tips, r_off), 0.4, OFF_POLICY, 1, True)
     samples = [on, tips, off]
     # any real log-prob is below -0.01: every tip sample is dropped, the no-tip one is kept
-    cfg = _cfg(low_prob_threshold=-0.01)
+    cfg = _cfg(low_prob_threshold=-0.01, low_prob_mask="tip_rollouts")
     assert float(_logp(tiny_model, base, r_tips).min()) < -0.01
     expected, tokens = _expected_loss(tiny_model, [(base, on)])
     assert tokens == 2
@@ -412,7 +436,8 @@ def test_off_policy_turn_without_tips_counts_for_mismatch(tiny_model):
     base, _ = _prompt_with_tips()
     r = np.array([7, 8], dtype=np.int32)
     s = _sample(base, base, r, _logp(tiny_model, base, r) + np.float32(0.25), 1.0, OFF_POLICY, 1, False)
-    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(low_prob_threshold=-0.01), version=1)
-    assert stats.samples_masked == 0  # no tips: never masked
+    cfg = _cfg(low_prob_threshold=-0.01, low_prob_mask="tip_rollouts")
+    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], cfg, version=1)
+    assert stats.samples_masked == 0  # no tips: never masked (by the tip_rollouts rule)
     assert stats.mismatch_tokens == 2
     assert stats.logprob_mismatch_mean_nats == pytest.approx(0.25, abs=1e-4)

@@ -73,8 +73,9 @@ def _samples(model) -> list[TurnSample]:
     return out
 
 
+@pytest.mark.parametrize("rule", ["tip_rollouts", "paper"])
 @pytest.mark.parametrize("ratio", ["plain", "decoupled"])
-def test_batched_step_equals_one_sample_at_a_time(ratio):
+def test_batched_step_equals_one_sample_at_a_time(ratio, rule):
     base = _model()
     samples = _samples(base)
     # a threshold between the tip samples' tip-free minima: some are masked, some kept
@@ -100,6 +101,7 @@ def test_batched_step_equals_one_sample_at_a_time(ratio):
         cfg = LearnerConfig(
             micro_batch_tokens=budget,
             low_prob_threshold=threshold,
+            low_prob_mask=rule,
             entropy_coef=0.01,
             kl_coef=0.1,
             ratio=ratio,
@@ -109,13 +111,17 @@ def test_batched_step_equals_one_sample_at_a_time(ratio):
         stats = train_step(model, optimizer, samples, cfg, version=1, ref_model=ref)
         results[budget] = (stats, {n: p.grad.clone() for n, p in model.named_parameters()}, model.state_dict())
     one, _, _ = results[1]
-    assert 0 < one.samples_masked < 6 and one.kl_mean > 0 and one.entropy_mean > 0
+    # tip_rollouts judges the 6 tip samples; the paper's rule judges all 9
+    assert 0 < one.samples_masked < (6 if rule == "tip_rollouts" else 9) and one.kl_mean > 0 and one.entropy_mean > 0
     for budget in (64, 4096):
         stats, grads, weights = results[budget]
         for field in (
             "loss",
             "tokens",
             "samples_masked",
+            "masked_fraction_on_policy",
+            "masked_fraction_on_policy_tips",
+            "masked_fraction_off_policy",
             "ratio_mean",
             "ratio_max",
             "clip_fraction",

@@ -176,11 +176,11 @@ def test_update_is_behaviour_prompt(mode, with_tips, expected):
 
 def test_advantages_normalised_within_each_group_separately():
     # group A (on-policy): scores 100 and 0, one turn each -> rewards [1.0], [0.0]
-    #   mean 0.5, std 0.5 -> advantages +1, -1 (eps 0)
+    #   mean 0.5, std (Bessel) sqrt((0.25 + 0.25) / 1) = 0.7071068 -> advantages +-0.7071068 (eps 0)
     # group B (on-policy): scores 30, 30, 90 -> rewards 0.3, 0.3, 0.9
-    #   mean 0.5, var = (0.04 + 0.04 + 0.16) / 3 = 0.08, std = 0.2828427
-    #   (0.3 - 0.5) / 0.2828427 = -0.7071068 ; (0.9 - 0.5) / 0.2828427 = 1.4142136
-    # pooled over both groups the values would differ (mean 0.5, std 0.3577709)
+    #   mean 0.5, var = (0.04 + 0.04 + 0.16) / (3 - 1) = 0.12, std = 0.3464102
+    #   (0.3 - 0.5) / 0.3464102 = -0.5773503 ; (0.9 - 0.5) / 0.3464102 = 1.1547005
+    # pooled over both groups the values would differ (mean 0.5, std sqrt(0.74 / 4) = 0.4301163)
     trajs = [
         _traj("A", ON_POLICY, 100.0, [([1, 2], [], [10], [-0.1])], slot=0),
         _traj("B", ON_POLICY, 30.0, [([1, 2], [], [20], [-0.1])], slot=0),
@@ -191,17 +191,17 @@ def test_advantages_normalised_within_each_group_separately():
     samples = build_samples(trajs, score_scale=0.01, intrinsic=CountBonus(1.0), eps=0.0)
     assert len(samples) == 5
     by_response = {int(s.response[0]): s.advantage for s in samples}
-    assert by_response[10] == pytest.approx(1.0, abs=1e-9)
-    assert by_response[11] == pytest.approx(-1.0, abs=1e-9)
-    assert by_response[20] == pytest.approx(-0.7071068, abs=1e-6)
-    assert by_response[21] == pytest.approx(-0.7071068, abs=1e-6)
-    assert by_response[22] == pytest.approx(1.4142136, abs=1e-6)
+    assert by_response[10] == pytest.approx(0.7071068, abs=1e-6)
+    assert by_response[11] == pytest.approx(-0.7071068, abs=1e-6)
+    assert by_response[20] == pytest.approx(-0.5773503, abs=1e-6)
+    assert by_response[21] == pytest.approx(-0.5773503, abs=1e-6)
+    assert by_response[22] == pytest.approx(1.1547005, abs=1e-6)
     assert all(isinstance(s.advantage, float) for s in samples)
 
 
 def test_advantages_include_intrinsic_reward_per_turn():
     # off-policy group of one episode with two turns: score 0, n = [0, 1] -> rewards [1.0, 0.5]
-    # mean 0.75, std 0.25 -> advantages [+1, -1]
+    # mean 0.75, std (Bessel) sqrt(2 * 0.0625 / 1) = 0.3535534 -> advantages [+0.7071068, -0.7071068]
     traj = _traj(
         "g",
         OFF_POLICY,
@@ -213,8 +213,8 @@ def test_advantages_include_intrinsic_reward_per_turn():
         num_memories=[0, 1],
     )
     s0, s1 = build_samples([traj], score_scale=0.01, intrinsic=CountBonus(1.0), eps=0.0)
-    assert s0.advantage == pytest.approx(1.0, abs=1e-9)
-    assert s1.advantage == pytest.approx(-1.0, abs=1e-9)
+    assert s0.advantage == pytest.approx(0.7071068, abs=1e-6)
+    assert s1.advantage == pytest.approx(-0.7071068, abs=1e-6)
 
 
 def test_mixed_mode_batch_sample_count_and_prompts():

@@ -25,6 +25,9 @@ SUMS = dict(
     loss=-3.5,
     kept_tokens=7,
     masked_samples=2,
+    masked_on_policy=1,
+    masked_on_policy_tips=1,
+    masked_off_policy=0,
     ratio=7.7,
     clipped=2.0,
     dual_clipped=1.0,
@@ -158,7 +161,7 @@ def test_an_empty_micro_batch_scores_a_pad_that_stays_out_of_the_loss(model, mon
 
 def test_micro_batch_loss_masks_on_the_prescored_tipfree_minimum(model):
     tips = _sample(mode=ON_POLICY_TIPS, with_tips=True)
-    cfg = LearnerConfig(low_prob_threshold=-5.0)
+    cfg = LearnerConfig(low_prob_threshold=-5.0, low_prob_mask="tip_rollouts")
     _, dropped = micro_batch_loss(model, [tips], PreScores([-5.5], None), cfg, version=0)
     _, kept = micro_batch_loss(model, [tips], PreScores([-4.5], None), cfg, version=0)
     assert (dropped.masked_samples, dropped.kept_tokens) == (1, 0)
@@ -206,6 +209,12 @@ def test_step_record_carries_the_phases_and_the_metrics_export_them(model):
         assert value("empo2_learner_phase_seconds_sum", {"phase": phase}) == pytest.approx(2 * seconds)
     assert value("empo2_learner_phase_seconds_count", {"phase": "checkpoint"}) is None  # no checkpoint this step
     assert value("empo2_learner_steps_total") == 2
+    assert record["optimizer_steps"] == 1 and value("empo2_learner_optimizer_steps_total") == 2
     assert value("empo2_learner_step_seconds_sum") == pytest.approx(3.0)
     assert value("empo2_learner_weight_push_engine_seconds") == 0.125
     assert value("empo2_learner_policy_version") == 1
+    # the masked fraction, overall and by mode; a mode absent from the batch is not set
+    assert value("empo2_learner_masked_fraction", {"mode": "all"}) == record["masked_fraction"]
+    assert value("empo2_learner_masked_fraction", {"mode": "on_policy"}) == record["masked_fraction_on_policy"]
+    assert record["masked_fraction_off_policy"] is None
+    assert value("empo2_learner_masked_fraction", {"mode": "off_policy"}) is None

@@ -65,12 +65,14 @@ def test_a_preset_changes_only_what_it_names_and_restates_no_default(preset):
 # time): the CPU profile must keep it exactly (renamed keys aside: env_actor.max_steps -> env.max_steps).
 CPU_RUN = {
     "env.max_steps": 4,
+    "env.task_step_limits": False,  # 4 steps for every task, also those with a reference limit
     "replay_buffer.tasks": ["find-living-thing"],
     "replay_buffer.group_size": 4,
     "replay_buffer.max_open_groups": 1,
     "replay_buffer.max_ready_groups": 1,
     "learner.total_steps": 2,
     "learner.groups_per_step": 1,
+    "learner.mini_batch_samples": 0,  # one optimizer step per batch, as then (the paper: mini-batches of 128)
 }
 
 

@@ -38,6 +38,7 @@ def test_the_choice_fields_are_enums():
         "learner.intrinsic_kind",
         "learner.advantage",
         "learner.gigpo_step_norm",
+        "learner.low_prob_mask",
         "learner.device",
         "policy_server.device",
         "policy_server.dtype",
@@ -72,6 +73,8 @@ def test_choices_load_by_their_values_and_read_as_plain_strings():
 # (overrides, the key the error names)
 RULES = [
     # cross-section
+    (["memory_service.reflection_prompt_tokens=2000"], "memory_service.reflection_prompt_tokens"),  # 2048 context
+    (["memory_service.reflection_max_tokens=2048"], "memory_service.reflection_prompt_tokens"),
     (["learner.lora_rank=8", "weight_sync.method=nccl"], "weight_sync.method"),
     (["weight_sync.method=nccl", "policy_server.device=cpu"], "weight_sync.method"),
     (["weight_sync.method=nccl", "learner.device=cpu"], "weight_sync.method"),
@@ -101,11 +104,16 @@ RULES = [
     (["learner.behaviour_weight_cap=0"], "learner.behaviour_weight_cap"),
     (["learner.gigpo_gamma=1.5"], "learner.gigpo_gamma"),
     (["learner.micro_batch_tokens=0"], "learner.micro_batch_tokens"),
+    (["learner.mini_batch_samples=-1"], "learner.mini_batch_samples"),
+    (["learner.update_epochs=0"], "learner.update_epochs"),
+    (["learner.score_scale=0"], "learner.score_scale"),
     (["learner.keep_checkpoints=0"], "learner.keep_checkpoints"),
     # sizes, episodes, timeouts
     (["endpoints.policy_servers=[]"], "endpoints.policy_servers"),
     (["env.max_steps=0"], "env.max_steps"),
-    (["+env.max_steps_per_task.boil=0"], "env.max_steps_per_task.boil"),
+    (["env.max_steps_per_task.boil=0"], "env.max_steps_per_task.boil"),
+    (["+env.max_steps_per_task.find-plant=0"], "env.max_steps_per_task.find-plant"),
+    (["env.env_step_limit=0"], "env.env_step_limit"),
     (["env_actor.envs_per_actor=0"], "env_actor.envs_per_actor"),
     (["env_actor.max_action_tokens=0"], "env_actor.max_action_tokens"),
     (["env_actor.generate_timeout_s=0"], "env_actor.generate_timeout_s"),
@@ -160,3 +168,24 @@ def test_a_broken_rule_is_refused_naming_its_key(overrides, key):
 )
 def test_valid_combinations_load(overrides):
     load_config(overrides)
+
+
+def test_the_reference_step_limits_are_the_defaults_and_the_cpu_profile_keeps_4_steps():
+    from pipeline.config import REFERENCE_TASK_STEP_LIMITS
+
+    paper = load_config(["profile=paper"]).env
+    assert paper.max_steps_per_task == REFERENCE_TASK_STEP_LIMITS
+    assert (paper.step_limit("boil"), paper.step_limit("measure-melting-point-known-substance")) == (100, 120)
+    assert paper.step_limit("find-living-thing") == 30 and paper.env_step_limit == 100
+    assert paper.simplification == "easy"
+    cpu = load_config([]).env  # the map merged from the defaults is there, but not in force
+    assert cpu.step_limit("find-living-thing") == 4 and cpu.step_limit("boil") == 4 and cpu.task_limits() == {}
+    changed = load_config(["~profile", "env.max_steps_per_task.boil=50", "+env.max_steps_per_task.find-plant=7"]).env
+    assert (changed.step_limit("boil"), changed.step_limit("find-plant"), changed.step_limit("melt")) == (50, 7, 80)
+
+
+def test_the_paper_profile_has_the_reference_sampling_and_response_cap():
+    cfg = load_config(["profile=paper"])
+    assert cfg.model.name == "Qwen/Qwen2.5-7B-Instruct"
+    assert (cfg.env_actor.temperature, cfg.tta.temperature, cfg.env_actor.max_action_tokens) == (1.0, 0.4, 32)
+    assert cfg.memory_service.reflection_temperature == cfg.env_actor.temperature  # reflections at the rollout's

@@ -22,6 +22,7 @@ from protocol.codec import (
     unpack_frames,
 )
 from protocol.messages import (
+    MAX_GENERATED_TEXT_CHARS,
     OFF_POLICY,
     ON_POLICY,
     ON_POLICY_TIPS,
@@ -85,6 +86,9 @@ def make_trajectory(
         num_memories=np.arange(n, dtype=np.int32),
         observations=[f"obs {i} \u00e9" for i in range(n)],
         actions=[f"look at {i}" for i in range(n)],
+        memory_retrieved=np.array([i % 2 for i in range(n)], np.uint8),
+        generated_texts=[f"Look at {i}.\n" for i in range(n)],
+        success=score > 70,  # done
     )
 
 
@@ -640,6 +644,23 @@ INVALID = {
     "trajectory_logprobs_length": (_with(_traj(), behaviour_logprobs=np.zeros(5, np.float32)), "logprobs"),
     "trajectory_num_memories_length": (_with(_traj(), num_memories=np.zeros(3, np.int32)), "num_memories"),
     "trajectory_text_lists": (_with(_traj(), actions=["only one"]), "text lists"),
+    "trajectory_memory_retrieved_length": (
+        _with(_traj(), memory_retrieved=np.zeros(3, np.uint8)),
+        "memory_retrieved must be uint8, one per turn",
+    ),
+    "trajectory_memory_retrieved_dtype": (
+        _with(_traj(), memory_retrieved=np.zeros(2, np.int32)),
+        "memory_retrieved must be uint8",
+    ),
+    "trajectory_memory_retrieved_not_0_1": (_with(_traj(), memory_retrieved=np.array([0, 2], np.uint8)), "0 or 1"),
+    "trajectory_generated_texts_length": (_with(_traj(), generated_texts=["one"]), "generated_texts"),
+    "trajectory_generated_text_too_long": (
+        _with(_traj(), generated_texts=["x", "y" * (MAX_GENERATED_TEXT_CHARS + 1)]),
+        "longer than",
+    ),
+    "trajectory_success_without_done": (_with(_traj(score=90.0), done=False, success=True), "success"),
+    "trajectory_success_at_70": (_with(_traj(score=70.0), success=True), "success"),
+    "trajectory_no_success_at_71": (_with(_traj(score=71.0), success=False), "success"),
     "trajectory_tip_spans_not_k_by_3": (_with(_traj(), tip_spans=np.zeros((1, 2), np.int32)), "[k, 3]"),
     "trajectory_tip_span_turn_out_of_range": (_traj(tip_spans=np.array([[2, 0, 1]], np.int32)), "turn out of range"),
     "trajectory_tip_span_past_prompt_end": (  # turn 1's prompt has 3 tokens
@@ -736,3 +757,22 @@ def test_weight_file_needs_an_absolute_safetensors_path():
     assert decode(encode(ok)) == ok
     for path in ("relative/w.safetensors", "/etc/passwd"):
         assert reject(encode(WeightFile(version=1, path=path, checksum="0" * 32))).reason == "invalid"
+
+
+def test_trajectory_fields_left_unset_are_derived():
+    """A trajectory built (or a record written) without the actor-set fields: retrieval counts as
+    answered in the tip modes only, the generated texts are the actions, success is done and > 70."""
+    base = make_trajectory(score=90.0)
+    for name in ("memory_retrieved", "generated_texts", "success"):
+        kwargs = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        kwargs.pop(name)
+        for mode, retrieved in ((ON_POLICY, [0, 0]), (OFF_POLICY, [1, 1])):
+            t = Trajectory(**{**kwargs, "mode": mode})
+            t.validate()
+            assert t.memory_retrieved.tolist() == (retrieved if name == "memory_retrieved" else [0, 1])
+            assert t.generated_texts == (t.actions if name == "generated_texts" else base.generated_texts)
+            assert t.success is True
+    # and on the wire: a body without them decodes to the derived values
+    frames = with_body(base, lambda body: [body.pop(k) for k in ("generated_texts", "success")])
+    out = decode(frames)
+    assert out.generated_texts == out.actions and out.success is True

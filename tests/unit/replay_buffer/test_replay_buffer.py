@@ -536,6 +536,7 @@ def test_buffer_process_answers_its_message_types_and_refuses_others(tmp_path):
         assignment = dispatch(process.handlers, AssignmentRequest(actor_id="a"), process.metrics)
         assert isinstance(assignment, Assignment) and (assignment.task, assignment.variation) == ("boil", 4)
         traj = make_traj(assignment.group_id, assignment.slot, mode=assignment.mode, task="boil", variation=4)
+        traj.score, traj.success = 90.0, True  # a solved episode: counted, and kept in the record
         assert dispatch(process.handlers, traj, process.metrics) == Ack(ref=traj.episode_id)
         query = MemoryQuery(task="boil", variation=4, state="s")
         reply = dispatch(process.handlers, query, process.metrics)
@@ -543,7 +544,11 @@ def test_buffer_process_answers_its_message_types_and_refuses_others(tmp_path):
         sample = process.metrics.registry.get_sample_value
         assert sample("empo2_replay_buffer_messages_rejected_total", {"reason": "unexpected_kind"}) == 1
         assert sample("empo2_replay_buffer_trajectories_accepted_total", {"mode": assignment.mode}) == 1
+        assert sample("empo2_replay_buffer_trajectories_success_total", {"mode": assignment.mode}) == 1
     finally:
         process.log.file.close()
     replayed = ReplayBuffer(cfg.replay_buffer, {"boil": [4]}, cfg.seed)
     assert BufferLog.replay(tmp_path / cfg.replay_buffer.log_file, replayed) == 1
+    [record] = replayed.open[assignment.group_id].trajectories.values()
+    assert record.success and record.generated_texts == traj.generated_texts
+    np.testing.assert_array_equal(record.memory_retrieved, traj.memory_retrieved)
