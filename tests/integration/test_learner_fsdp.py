@@ -80,6 +80,7 @@ def worker(model_dir: str, out: str) -> None:
         lr_schedule="linear",
         micro_batch_tokens=48,
         low_prob_threshold=-3.0,
+        low_prob_mask="tip_rollouts",  # the mask of the docstring: tip samples only (the paper's would drop all)
         intrinsic_kind="rnd",
         device="cpu",
     )
