@@ -73,6 +73,7 @@ CPU_RUN = {
     "learner.total_steps": 2,
     "learner.groups_per_step": 1,
     "learner.mini_batch_samples": 0,  # one optimizer step per batch, as then (the paper: mini-batches of 128)
+    "learner.low_prob_mask": "tip_rollouts",  # the paper's rule would mask 96% of the small model's samples
 }
 
 
