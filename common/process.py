@@ -85,6 +85,18 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
 
+def interrupt_on_sigterm() -> None:
+    """SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl-C does: a supervisor (the
+    launcher) then takes its Ctrl-C path and stops its children. Its children run in sessions of
+    their own, so a SIGTERM that killed the supervisor outright (systemd, a test's clean-up) would
+    leave every role running."""
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def run_async_until_signalled(coro, on_exit=None) -> None:
     """Run an asyncio main until it ends or SIGTERM/SIGINT arrives; always run the cleanup."""
     loop = asyncio.new_event_loop()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.model_prep import resolve_model
-from common.process import signal_group, spawn_role, wait_group
+from common.process import interrupt_on_sigterm, signal_group, spawn_role, wait_group
 from deploy.monitor import scrape, total
 from pipeline.cli import role_config
 from pipeline.config import PipelineConfig
@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> in
     print(f"[launch] model at {resolve_model(cfg.model.name, cfg.model.cache_dir or None)}", flush=True)
     launcher = Launcher(cfg, [*argv, f"run_dir={cfg.run_dir}"])  # children share one (resolved) run dir
     outcome = "failed: interrupted"
+    interrupt_on_sigterm()  # `kill`, systemd and test clean-ups stop the roles too, not only Ctrl-C
     try:
         launcher.start()
         outcome = launcher.wait()
