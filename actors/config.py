@@ -56,7 +56,14 @@ class EnvActorConfig:
     index: int = 0  # this actor's number (set per process): its id and metrics port
     envs_per_actor: int = 1  # ScienceWorld envs (one JVM and one thread each) played concurrently by one process
     server_selection: ServerSelection = ServerSelection.least_loaded  # least_loaded | round_robin
-    history_window: int = 4  # past (action, observation) pairs shown in the prompt
+    # The prompt (actors/prompts.py): the reference's, adapted from RLVMR. A system part (instructions,
+    # the task, one expert demonstration, the env's action templates), then the episode as a chat.
+    history_window: int = 0  # past turns shown: 0 = all (the reference), N = the last N
+    # The prompt's token limit: 0 = policy_server.max_model_len - max_action_tokens. Past it the oldest
+    # turns are left out first (the prompt says how many); the system part and the current turn stay.
+    prompt_token_budget: int = 0
+    demonstration: bool = True  # the gold action sequence of another training variation of the task
+    demo_max_steps: int = 0  # the demonstration's first N actions; 0 = all of them
     max_action_tokens: int = 32  # generation cap for an action
     # Stop generating at the first newline: an action is one line, and a small model otherwise goes on
     # to write the next observation or more actions until the token cap, which costs generation time.
@@ -70,3 +77,8 @@ class EnvActorConfig:
     memory_retry_after_s: float = 30.0  # after a failed retrieval, go without tips at once for this long
     buffer_timeout_s: float = 30.0  # assignment request / trajectory upload, per try
     upload_retries: int = 20  # a finished episode is retried this often before the actor fails
+
+    def prompt_budget(self, max_model_len: int) -> int:
+        """Tokens an action prompt may take: prompt_token_budget, or what the policy server's
+        context (policy_server.max_model_len) leaves after the action."""
+        return self.prompt_token_budget or max_model_len - self.max_action_tokens

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from actors.prompts import PromptBuilder
+from actors.prompts import ChatTurn, Demonstration, PromptBuilder, TaskContext
 from common.logs import short_id
 from common.metrics import EnvActorMetrics
 from common.model_prep import resolve_model
@@ -85,6 +85,7 @@ class EpisodeStats:
     memory_fallbacks: int = 0
     tips_shown: int = 0
     step_seconds: list[float] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)  # each turn's prompt length
 
 
 @dataclass
@@ -98,26 +99,64 @@ class Episode:
 
 
 class EpisodeRunner:
+    """One episode at a time on one env. demo_steps: None = no demonstration in the prompt; 0 = the
+    whole gold path of the demonstration variation; N = its first N actions (env_actor.demonstration,
+    env_actor.demo_max_steps)."""
+
     def __init__(
         self,
         env: ScienceWorld,
         prompts: PromptBuilder,
         max_steps: int,
         max_steps_per_task: dict[str, int] | None = None,
+        demo_steps: int | None = None,
     ):
         self.env, self.prompts = env, prompts
         self.max_steps, self.max_steps_per_task = max_steps, dict(max_steps_per_task or {})
+        self.demo_steps = demo_steps
+        self._task_parts: dict[str, tuple[list[int], dict[int, Demonstration], list[str]]] = {}
 
     def step_limit(self, task: str) -> int:
         return self.max_steps_per_task.get(task, self.max_steps)
+
+    def demo_variation(self, task: str, variation: int) -> int | None:
+        """The training variation whose gold path demonstrates `task` to an episode of `variation`:
+        the first training variation other than the one played (never a test variation: for a test
+        variation, the first training one)."""
+        train = self._parts(task)[0]
+        return next((v for v in train if v != variation), None)
+
+    def prompt_parts(self, task: str, variation: int) -> tuple[Demonstration | None, list[str]]:
+        """The demonstration and the action templates of the episode's system message (this may load
+        another variation: call it before reset)."""
+        _, demos, templates = self._parts(task)
+        demo = None
+        if self.demo_steps is not None:
+            demo_variation = self.demo_variation(task, variation)
+            if demo_variation is not None:
+                if demo_variation not in demos:
+                    description, actions = self.env.demonstration(task, demo_variation)
+                    demos[demo_variation] = Demonstration(demo_variation, description, actions)
+                demo = demos[demo_variation]
+                if self.demo_steps > 0:
+                    demo = Demonstration(demo.variation, demo.task_description, demo.actions[: self.demo_steps])
+        return demo, templates
+
+    def _parts(self, task: str) -> tuple[list[int], dict[int, Demonstration], list[str]]:
+        """Per task, cached: its training variations, the demonstrations built so far, its templates."""
+        if task not in self._task_parts:
+            train = self.env.train_variations(task)  # loads the task: the templates are its
+            self._task_parts[task] = (train, {}, self.env.action_templates())
+        return self._task_parts[task]
 
     def play(
         self, a: Assignment, actor_id: str, generate: GenerateFn, retrieve: RetrieveFn
     ) -> tuple[Trajectory, EpisodeStats]:
         stats = EpisodeStats()
+        demo, templates = self.prompt_parts(a.task, a.variation)
         result = self.env.reset(a.task, a.variation)
-        task = self.env.task_description
-        history: list[tuple[str, str]] = []
+        ctx = TaskContext(self.env.task_description, demo, templates)
+        past: list[ChatTurn] = []
         turns: list[Turn] = []
         for t in range(self.step_limit(a.task)):
             t0 = time.perf_counter()
@@ -129,13 +168,14 @@ class EpisodeRunner:
                 else:
                     (tips, n), retrieved = found, True
                     stats.tips_shown += len(tips)
-            prompt = self.prompts.build(task, history, result.state, tips)
+            prompt = self.prompts.build(ctx, past, result.state, tips)
+            stats.prompt_tokens.append(len(prompt.token_ids))
             response = generate(prompt.token_ids, a.seed * TURN_SEEDS + t)
             action, mapped = most_similar_action(response.text, result.valid_actions)
             stats.invalid_actions += int(mapped)
             turns.append(Turn(prompt.token_ids, prompt.tip_spans, response, n, retrieved, result.state, action))
+            past.append(ChatTurn(result.state, tips, action))
             result = self.env.step(action)
-            history.append((action, result.observation))
             stats.step_seconds.append(time.perf_counter() - t0)
             if result.done:
                 break
@@ -181,9 +221,12 @@ def open_episode_runner(cfg: PipelineConfig) -> EpisodeRunner:
 
     ecfg = cfg.env
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model.name, cfg.model.cache_dir or None))
+    acfg = cfg.env_actor
     env = ScienceWorld(ecfg.simplification, step_limit=ecfg.env_step_limit)
-    prompts = PromptBuilder(tokenizer, cfg.env_actor.history_window)
-    return EpisodeRunner(env, prompts, ecfg.max_steps, ecfg.task_limits())
+    budget = acfg.prompt_budget(cfg.policy_server.max_model_len)
+    prompts = PromptBuilder(tokenizer, acfg.history_window, budget)
+    demo_steps = acfg.demo_max_steps if acfg.demonstration else None
+    return EpisodeRunner(env, prompts, ecfg.max_steps, ecfg.task_limits(), demo_steps)
 
 
 class ServerChooser:

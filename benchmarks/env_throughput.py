@@ -173,7 +173,7 @@ class Decision:
     """What an actor's prompt is built from at one step (EpisodeRunner.play)."""
 
     task: str
-    history: list[tuple[str, str]]
+    history: list[tuple[str, str]]  # (state shown, action taken) of each past turn
     state: str
 
 
@@ -204,8 +204,8 @@ def env_alone(
             for step in range(max_steps):  # noqa: B007 (the episode length, read after the loop)
                 decisions.append(Decision(env.task_description, list(history), result.state))
                 action = rng.choice(result.valid_actions)
+                history.append((result.state, action))
                 result = env.step(action)
-                history.append((action, result.observation))
                 done[k].append(time.perf_counter())
                 if result.done or time.perf_counter() >= t1:
                     break
@@ -299,12 +299,20 @@ def prompt_builder(cfg: PipelineConfig):
     from actors.prompts import PromptBuilder
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model.name, cfg.model.cache_dir or None))
-    return PromptBuilder(tokenizer, cfg.env_actor.history_window)
+    budget = cfg.env_actor.prompt_budget(cfg.policy_server.max_model_len)
+    return PromptBuilder(tokenizer, cfg.env_actor.history_window, budget)
 
 
 def build_prompts(builder, decisions: list[Decision], limit: int, seed: int) -> list[np.ndarray]:
+    """The actors' chat prompts of the recorded decisions, without the demonstration and the action
+    templates (the env-alone stage does not load gold paths)."""
+    from actors.prompts import ChatTurn, TaskContext
+
     picked = random.Random(seed).sample(decisions, min(limit, len(decisions)))
-    return [builder.build(d.task, d.history, d.state, []).token_ids for d in picked]
+    return [
+        builder.build(TaskContext(d.task), [ChatTurn(s, [], a) for s, a in d.history], d.state, []).token_ids
+        for d in picked
+    ]
 
 
 def merge(before: Rate, after: Rate) -> Rate:

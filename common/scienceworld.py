@@ -87,6 +87,19 @@ class ScienceWorld:
         self.env.load(task, 0, self.simplification)
         return list(self.env.get_variations_test())
 
+    def demonstration(self, task: str, variation: int) -> tuple[str, list[str]]:
+        """(task description, gold action sequence) of `variation`: ScienceWorld's own expert path.
+        Loads that variation: reset() the one to play afterwards."""
+        self.env.load(task, variation, self.simplification, generateGoldPath=True)
+        actions = list(self.env.get_gold_action_sequence())
+        if actions and actions[0].startswith("ERROR"):  # the env could not generate it
+            actions = []
+        return self.env.get_task_description(), actions
+
+    def action_templates(self) -> list[str]:
+        """The action templates of the loaded task ("open OBJ", "move OBJ to OBJ", ...)."""
+        return list(self.env.get_possible_actions())
+
     def reset(self, task: str, variation: int) -> StepResult:
         self.env.load(task, variation, self.simplification)
         obs, info = self.env.reset()

@@ -357,6 +357,15 @@ def validate(cfg: PipelineConfig) -> None:
     # env actors
     at_least("env_actor.envs_per_actor", ea.envs_per_actor, 1)
     at_least("env_actor.history_window", ea.history_window, 0)
+    at_least("env_actor.prompt_token_budget", ea.prompt_token_budget, 0)
+    at_least("env_actor.demo_max_steps", ea.demo_max_steps, 0)
+    prompt_budget = ea.prompt_budget(ps.max_model_len)
+    check(
+        prompt_budget >= 1 and prompt_budget + ea.max_action_tokens <= ps.max_model_len,
+        "env_actor.prompt_token_budget",
+        f"a prompt of {prompt_budget} tokens and max_action_tokens ({ea.max_action_tokens}) must fit "
+        f"policy_server.max_model_len ({ps.max_model_len})",
+    )
     at_least("env_actor.max_action_tokens", ea.max_action_tokens, 1)
     at_least("env_actor.temperature", ea.temperature, 0)
     at_least("env_actor.upload_retries", ea.upload_retries, 1)

@@ -69,11 +69,21 @@ class ScriptedEnv:
     def close(self) -> None:
         self.closed = True
 
+    def train_variations(self, task: str) -> list[int]:
+        return [0, 1, 2]
+
+    def action_templates(self) -> list[str]:
+        return ["open OBJ", "look around"]
+
+    def demonstration(self, task: str, variation: int) -> tuple[str, list[str]]:
+        self.demonstrated = (task, variation)
+        return f"Your task is to {task} ({variation}).", ["open door", "go to hallway"]
+
 
 class PlainPrompts:
     """Stands in for actors.prompts.PromptBuilder: one token per tip, no tokenizer."""
 
-    def build(self, task, history, state, tips):
+    def build(self, ctx, past, state, tips):
         ids = np.arange(4 + len(tips), dtype=np.int32)
         return type("Prompt", (), {"token_ids": ids, "tip_spans": [(4, 4 + len(tips))] if tips else []})()
 
@@ -224,3 +234,44 @@ def test_the_newline_stop_is_a_config_key(servers, stop_at_newline, stop):
         worker.close()
     [request] = [m for m in policy.received if isinstance(m, GenerateRequest)]
     assert request.stop == stop
+
+
+class RecordingPrompts(PlainPrompts):
+    def __init__(self):
+        self.contexts, self.pasts = [], []
+
+    def build(self, ctx, past, state, tips):
+        self.contexts.append(ctx)
+        self.pasts.append(list(past))
+        return super().build(ctx, past, state, tips)
+
+
+@pytest.mark.parametrize("variation, demo_variation", [(0, 1), (1, 0), (2, 0), (225, 0)])
+def test_the_demonstration_is_another_training_variation(variation, demo_variation):
+    """Played variation 0: the demonstration is variation 1's gold path; any other: variation 0's;
+    a test variation (225, not in the training list) also gets a training variation's."""
+    env, prompts = ScriptedEnv(turns=2), RecordingPrompts()
+    runner = EpisodeRunner(env, prompts, max_steps=5, demo_steps=0)
+    a = Assignment(group_id="g", slot=0, task="open-door", variation=variation, mode=ON_POLICY, seed=1)
+    runner.play(a, "a", lambda ids, seed: _response("open door"), lambda *q: None)
+    assert env.demonstrated == ("open-door", demo_variation)
+    ctx = prompts.contexts[0]
+    assert ctx.task == f"Your task is to open-door ({variation})."  # the played variation's description
+    assert ctx.demonstration.variation == demo_variation != variation
+    assert ctx.demonstration.actions == ["open door", "go to hallway"]
+    assert ctx.action_templates == ["open OBJ", "look around"]
+    # the past turns of the chat: (state shown, its tips, the action taken)
+    assert [(t.state, t.tips, t.action) for t in prompts.pasts[1]] == [("a hallway", [], "open door")]
+
+
+def test_the_demonstration_can_be_cut_or_left_out():
+    prompts = RecordingPrompts()
+    a = _assignment(ON_POLICY)
+    EpisodeRunner(ScriptedEnv(1), prompts, max_steps=5, demo_steps=1).play(
+        a, "a", lambda ids, seed: _response("open door"), lambda *q: None
+    )
+    EpisodeRunner(ScriptedEnv(1), prompts, max_steps=5).play(
+        a, "a", lambda ids, seed: _response("open door"), lambda *q: None
+    )
+    assert prompts.contexts[0].demonstration.actions == ["open door"]
+    assert prompts.contexts[1].demonstration is None

@@ -1,19 +1,37 @@
-"""PromptBuilder (actors/prompts.py) with the real tokenizer of the embedded SmolLM2 model."""
+"""PromptBuilder (actors/prompts.py) with the real tokenizer of the embedded SmolLM2 model: the
+system part (task, demonstration, templates), the episode as a chat whose user turns keep their
+tips, tip spans that cover exactly the tip blocks (several per prompt), the learner's span removal
+giving exactly the tip-free prompt, and the token budget trimming the oldest turns first."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from actors.prompts import SYSTEM_PROMPT, TIP_HEADER, PromptBuilder, format_tip_block
+from actors.prompts import (
+    INSTRUCTIONS,
+    TIP_HEADER,
+    ChatTurn,
+    Demonstration,
+    PromptBuilder,
+    TaskContext,
+    format_tip_block,
+    system_message,
+)
+from learner.samples import remove_spans
 
-TASK = "Your task is to find a(n) living thing."
+CTX = TaskContext(
+    task="Your task is to find a(n) living thing.",
+    demonstration=Demonstration(
+        3, "Your task is to find a(n) living thing.", ["open door to kitchen", "go to kitchen", "focus on apple"]
+    ),
+    action_templates=["open OBJ", "go to OBJ", "focus on OBJ", "look around"],
+)
 STATE = "This room is called the kitchen. In it, you see: a counter, an apple, a fridge."
-HISTORY = [
-    ("open door to kitchen", "The door is now open."),
-    ("go to kitchen", "You move to the kitchen."),
-    ("look around", "This room is called the kitchen."),
-    ("open fridge", "The fridge is now open."),
+PAST = [
+    ChatTurn("This room is called the hallway.", ["Try the kitchen.", "Doors must be opened."], "open door to kitchen"),
+    ChatTurn("The door is now open.", [], "go to kitchen"),
+    ChatTurn("You move to the kitchen.", ["Apples are living things."], "look around"),
 ]
 TIPS = [
     "Look in the greenhouse first; plants are living things.",
@@ -32,7 +50,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def builder(tokenizer):
-    return PromptBuilder(tokenizer, history_window=2)
+    return PromptBuilder(tokenizer, history_window=0, token_budget=100_000)
 
 
 def _encode(tokenizer, text):
@@ -40,103 +58,95 @@ def _encode(tokenizer, text):
 
 
 def test_format_tip_block():
-    block = format_tip_block(["a.", "b."])
-    assert block == f"\n<tip>{TIP_HEADER}\n1. a.\n2. b.\n</tip>"
+    assert format_tip_block(["a.", "b."]) == f"\n<tip>{TIP_HEADER}\n1. a.\n2. b.\n</tip>"
+
+
+def test_system_message_has_the_task_the_demonstration_and_the_templates():
+    text = system_message(CTX)
+    assert text.startswith(INSTRUCTIONS)
+    assert "Task: Your task is to find a(n) living thing." in text
+    assert "> open door to kitchen\n> go to kitchen\n> focus on apple" in text
+    assert "open OBJ\ngo to OBJ\nfocus on OBJ\nlook around" in text
+    assert text.index("Task:") < text.index("> open door") < text.index("open OBJ\n")
+    bare = system_message(TaskContext("Do it."))
+    assert bare == f"{INSTRUCTIONS}\n\nTask: Do it."
 
 
 def test_without_tips_no_spans_and_ids_match_rendered_text(builder, tokenizer):
-    p = builder.build(TASK, HISTORY, STATE, [])
-    assert p.tip_spans == []
-    assert p.token_ids.dtype == np.int32
-    assert p.token_ids.ndim == 1
+    p = builder.build(CTX, [ChatTurn(t.state, [], t.action) for t in PAST], STATE, [])
+    assert p.tip_spans == [] and p.turns_dropped == 0
+    assert p.token_ids.dtype == np.int32 and p.token_ids.ndim == 1
     assert p.token_ids.tolist() == _encode(tokenizer, p.text)
     assert "<tip>" not in p.text
-    assert SYSTEM_PROMPT in p.text
-    assert TASK in p.text and STATE in p.text
     assert p.text.endswith("<|im_start|>assistant\n")  # generation prompt
 
 
-def test_with_tips_span_decodes_to_tip_block(builder, tokenizer):
-    p = builder.build(TASK, HISTORY, STATE, TIPS)
-    assert p.token_ids.dtype == np.int32
-    assert len(p.tip_spans) == 1
-    s, e = p.tip_spans[0]
-    assert 0 < s < e < len(p.token_ids)
-    decoded = tokenizer.decode(p.token_ids[s:e].tolist())
-    assert "<tip>" in decoded and "</tip>" in decoded
-    assert TIP_HEADER in decoded
-    for tip in TIPS:
-        assert tip in decoded
-    assert decoded == format_tip_block(TIPS)
-    # nothing of the tip block outside its span
-    rest = tokenizer.decode(np.delete(p.token_ids, np.arange(s, e)).tolist())
-    assert "<tip>" not in rest and "</tip>" not in rest and TIPS[0] not in rest
-
-
-def test_removing_span_gives_exactly_the_no_tip_prompt(builder):
-    with_tips = builder.build(TASK, HISTORY, STATE, TIPS)
-    without = builder.build(TASK, HISTORY, STATE, [])
-    s, e = with_tips.tip_spans[0]
-    stripped = np.concatenate([with_tips.token_ids[:s], with_tips.token_ids[e:]])
-    np.testing.assert_array_equal(stripped, without.token_ids)
-    assert with_tips.text.replace(format_tip_block(TIPS), "") == without.text
-
-
-def test_tip_block_is_in_user_turn_before_generation_prompt(builder, tokenizer):
-    p = builder.build(TASK, HISTORY, STATE, TIPS)
+def test_the_episode_is_a_chat_whose_user_turns_keep_their_tips(builder, tokenizer):
+    p = builder.build(CTX, PAST, STATE, TIPS)
     text = p.text
-    user = text.index("<|im_start|>user")
-    tip_open, tip_close = text.index("<tip>"), text.index("</tip>")
-    assistant = text.index("<|im_start|>assistant")
-    assert user < text.index("What is your next action?") < tip_open < tip_close < assistant
-    # the user turn ends right after the tip block
-    assert text[tip_close:].startswith("</tip><|im_end|>")
-    # at the token level: the span ends where the end of the user turn begins
-    s, e = p.tip_spans[0]
-    after = tokenizer.decode(p.token_ids[e:].tolist())
-    assert after.startswith("<|im_end|>")
-    assert after.endswith("<|im_start|>assistant\n")
-    before = tokenizer.decode(p.token_ids[:s].tolist())
-    assert before.endswith("What is your next action?")
+    expected = (
+        f"<|im_start|>system\n{system_message(CTX)}<|im_end|>\n"
+        f"<|im_start|>user\n{PAST[0].state}{format_tip_block(PAST[0].tips)}<|im_end|>\n"
+        f"<|im_start|>assistant\n{PAST[0].action}<|im_end|>\n"
+        f"<|im_start|>user\n{PAST[1].state}<|im_end|>\n"
+        f"<|im_start|>assistant\n{PAST[1].action}<|im_end|>\n"
+        f"<|im_start|>user\n{PAST[2].state}{format_tip_block(PAST[2].tips)}<|im_end|>\n"
+        f"<|im_start|>assistant\n{PAST[2].action}<|im_end|>\n"
+        f"<|im_start|>user\n{STATE}{format_tip_block(TIPS)}<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert text == expected
+    # one span per tip block shown, in order, each decoding to exactly its block
+    assert len(p.tip_spans) == 3
+    blocks = [format_tip_block(PAST[0].tips), format_tip_block(PAST[2].tips), format_tip_block(TIPS)]
+    for (s, e), block in zip(p.tip_spans, blocks):
+        assert tokenizer.decode(p.token_ids[s:e].tolist()) == block
+        assert p.token_ids[s:e].tolist() == _encode(tokenizer, block)
+    assert [s for s, _ in p.tip_spans] == sorted(s for s, _ in p.tip_spans)
 
 
-def test_history_window_keeps_last_n_pairs(tokenizer):
-    p = PromptBuilder(tokenizer, history_window=2).build(TASK, HISTORY, STATE, [])
-    assert "> open door to kitchen" not in p.text
-    assert "> go to kitchen" not in p.text
-    assert "The door is now open." not in p.text
-    assert "> look around\nThis room is called the kitchen." in p.text
-    assert "> open fridge\nThe fridge is now open." in p.text
-    assert p.text.index("> look around") < p.text.index("> open fridge")
+def test_removing_every_span_gives_exactly_the_tip_free_prompt(builder, tokenizer):
+    """What the off-policy update scores: learner.samples.remove_spans with the turn's spans."""
+    with_tips = builder.build(CTX, PAST, STATE, TIPS)
+    without = builder.build(CTX, [ChatTurn(t.state, [], t.action) for t in PAST], STATE, [])
+    stripped = remove_spans(with_tips.token_ids, with_tips.tip_spans)
+    np.testing.assert_array_equal(stripped, without.token_ids)
+    rest = tokenizer.decode(stripped.tolist())
+    assert "<tip>" not in rest and TIP_HEADER not in rest and all(t not in rest for t in TIPS + PAST[0].tips)
 
 
-def test_history_window_larger_than_history_keeps_all(tokenizer):
-    p = PromptBuilder(tokenizer, history_window=10).build(TASK, HISTORY, STATE, [])
-    for action, obs in HISTORY:
-        assert f"> {action}\n{obs}" in p.text
+def test_history_window_keeps_the_last_n_turns_and_says_so(tokenizer):
+    p = PromptBuilder(tokenizer, history_window=1, token_budget=100_000).build(CTX, PAST, STATE, [])
+    assert p.turns_dropped == 2
+    assert PAST[0].state not in p.text and PAST[1].action not in p.text.split("<|im_start|>user")[-2]
+    assert f"<|im_start|>user\n(2 earlier steps are not shown.)\n{PAST[2].state}" in p.text
 
 
-def test_history_window_zero_and_empty_history_have_no_history_section(tokenizer):
-    for builder, history in (
-        (PromptBuilder(tokenizer, history_window=0), HISTORY),
-        (PromptBuilder(tokenizer, history_window=4), []),
-    ):
-        p = builder.build(TASK, history, STATE, [])
-        assert "Your most recent actions" not in p.text
-        assert "> " not in p.text
+def test_the_budget_drops_the_oldest_turns_first_and_never_the_system_or_current_turn(builder, tokenizer):
+    whole = builder.build(CTX, PAST, STATE, TIPS)
+    for budget in range(len(whole.token_ids) - 1, 0, -7):
+        p = PromptBuilder(tokenizer, history_window=0, token_budget=budget).build(CTX, PAST, STATE, TIPS)
+        kept = PAST[p.turns_dropped :]
+        assert system_message(CTX) in p.text and p.text.endswith(
+            f"{STATE}{format_tip_block(TIPS)}<|im_end|>\n<|im_start|>assistant\n"
+        )
+        assert all(f"<|im_start|>assistant\n{t.action}<|im_end|>" in p.text for t in kept)
+        assert all(f"<|im_start|>assistant\n{t.action}<|im_end|>" not in p.text for t in PAST[: p.turns_dropped])
+        if p.turns_dropped < len(PAST):
+            assert len(p.token_ids) <= budget
+        if p.turns_dropped:  # the fewest turns dropped: keeping one more would not fit
+            d = p.turns_dropped - 1
+            assert len(builder._render(CTX, PAST[d:], STATE, TIPS, d).token_ids) > budget
+        # the spans still cover exactly the tip blocks kept
+        shown = [t.tips for t in kept if t.tips] + [TIPS]
+        assert [tokenizer.decode(p.token_ids[s:e].tolist()) for s, e in p.tip_spans] == [
+            format_tip_block(t) for t in shown
+        ]
+    tiny = PromptBuilder(tokenizer, history_window=0, token_budget=1).build(CTX, PAST, STATE, TIPS)
+    assert tiny.turns_dropped == len(PAST) and STATE in tiny.text  # nothing fits: the system and the current turn
 
 
 def test_observation_truncated_to_max_chars(tokenizer):
     long_state = "Q" * 50 + "Z" * 50
-    p = PromptBuilder(tokenizer, history_window=0, max_observation_chars=50).build(TASK, [], long_state, [])
-    assert "Current state:\n" + "Q" * 50 + "\n\nWhat is your next action?" in p.text
-    assert "Z" not in p.text
-
-
-def test_single_tip_and_different_tips_give_different_spans(builder, tokenizer):
-    one = builder.build(TASK, HISTORY, STATE, TIPS[:1])
-    two = builder.build(TASK, HISTORY, STATE, TIPS)
-    (s1, e1), (s2, e2) = one.tip_spans[0], two.tip_spans[0]
-    assert s1 == s2  # the block starts at the same place
-    assert e2 > e1
-    assert tokenizer.decode(one.token_ids[s1:e1].tolist()) == format_tip_block(TIPS[:1])
+    p = PromptBuilder(tokenizer, 0, 100_000, max_observation_chars=50).build(TaskContext("t"), [], long_state, [])
+    assert "<|im_start|>user\n" + "Q" * 50 + "<|im_end|>" in p.text and "Z" not in p.text

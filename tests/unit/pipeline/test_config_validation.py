@@ -75,6 +75,8 @@ RULES = [
     # cross-section
     (["memory_service.reflection_prompt_tokens=2000"], "memory_service.reflection_prompt_tokens"),  # 2048 context
     (["memory_service.reflection_max_tokens=2048"], "memory_service.reflection_prompt_tokens"),
+    (["env_actor.prompt_token_budget=2020"], "env_actor.prompt_token_budget"),  # + 32 action tokens > 2048
+    (["env_actor.demo_max_steps=-1"], "env_actor.demo_max_steps"),
     (["learner.lora_rank=8", "weight_sync.method=nccl"], "weight_sync.method"),
     (["weight_sync.method=nccl", "policy_server.device=cpu"], "weight_sync.method"),
     (["weight_sync.method=nccl", "learner.device=cpu"], "weight_sync.method"),
