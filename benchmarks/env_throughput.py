@@ -36,9 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import os
-import platform
 import random
 import sys
 import tempfile
@@ -50,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from benchmarks.record import command_line, repo_relative, write_result
+from benchmarks.record import repo_relative, run_header, write_result
 from common.metrics import RoleMetrics
 from common.model_prep import resolve_model
 from common.process import exit_on_sigterm
@@ -635,16 +633,11 @@ def main(argv: list[str] | None = None) -> None:
         f"{len(prompts)} (mean {np.mean([len(p) for p in prompts]):.0f} tokens)"
     )
     result = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": command_line(
-            [".venv/bin/python", "-m", "benchmarks.env_throughput"], argv if argv is not None else sys.argv[1:]
+        **run_header(
+            [".venv/bin/python", "-m", "benchmarks.env_throughput"],
+            argv if argv is not None else sys.argv[1:],
+            load_average_at_start=load_at_start,
         ),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "load_average_at_start": load_at_start,
-        },
         "config": {
             "overrides": base,
             "tasks": cfg.replay_buffer.tasks,

@@ -42,9 +42,7 @@ if Path(sys.path[0]).resolve() == HERE:
     sys.path[0] = str(REPO)
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -55,7 +53,7 @@ from dataclasses import asdict, dataclass  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks.record import command_line, write_result  # noqa: E402
+from benchmarks.record import run_header, write_result  # noqa: E402
 from common.process import spawn_role, stop_group  # noqa: E402
 from memory_service.embedder import Embedder  # noqa: E402
 from memory_service.service import reflection_messages, tip_text  # noqa: E402
@@ -528,16 +526,11 @@ def main(argv: list[str] | None = None) -> None:
     print_table(embedding, sizes, reflections)
     print(f"wall time {wall_s:.0f} s; load average at start {load_at_start[0]:.2f}")
     result = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": command_line(
-            [".venv/bin/python", "benchmarks/memory_retrieval.py"], argv if argv is not None else sys.argv[1:]
+        **run_header(
+            [".venv/bin/python", "benchmarks/memory_retrieval.py"],
+            argv if argv is not None else sys.argv[1:],
+            load_average_at_start=load_at_start,
         ),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "load_average_at_start": load_at_start,
-        },
         "settings": {
             "dim": DIM,
             "repeats": REPEATS,

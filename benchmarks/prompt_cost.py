@@ -40,9 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import os
-import platform
 import random
 import sys
 import time
@@ -51,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.record import command_line, repo_relative, write_result
+from benchmarks.record import repo_relative, run_header, write_result
 from pipeline.config import PipelineConfig, load_config
 
 HERE = Path(__file__).resolve().parent
@@ -538,18 +536,13 @@ def main(argv: list[str] | None = None) -> None:
         f"without the demonstration"
     )
     result = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": command_line(
-            [".venv/bin/python", "-m", "benchmarks.prompt_cost"], argv if argv is not None else sys.argv[1:]
+        **run_header(
+            [".venv/bin/python", "-m", "benchmarks.prompt_cost"],
+            argv if argv is not None else sys.argv[1:],
+            load_average_at_start=load_at_start,
+            load_average_before_timing=load_before,
+            load_average_after_timing=load_after,
         ),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "load_average_at_start": load_at_start,
-            "load_average_before_timing": load_before,
-            "load_average_after_timing": load_after,
-        },
         "config": {
             "overrides": args.overrides,
             "tasks": cfg.replay_buffer.tasks,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
 import json
+import os
+import platform
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -18,6 +21,21 @@ def command_line(invocation: list[str], args: list[str]) -> str:
     """The command that reruns a benchmark from the repository root, e.g.
     command_line([".venv/bin/python", "-m", "benchmarks.env_throughput"], sys.argv[1:])."""
     return " ".join([*invocation, *(repo_relative(a) for a in args)])
+
+
+def run_header(invocation: list[str], args: list[str], **machine) -> dict:
+    """What every result starts with: when (UTC), the command that reruns it (command_line) and the
+    machine (cores, platform, Python, plus what the benchmark adds, e.g. its load averages)."""
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command_line(invocation, args),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            **machine,
+        },
+    }
 
 
 def write_result(out: str | Path, result: dict, indent: int = 2) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import record
 from benchmarks.record import REPO, command_line
 
 RESULTS = sorted((REPO / "benchmarks" / "results").glob("*.json"))
@@ -26,3 +27,10 @@ def test_committed_results_record_a_relative_command(path: Path):
     result = json.loads(path.read_text())
     assert not any(word.startswith("/") for word in result["command"].split()), result["command"]
     assert str(REPO) not in path.read_text()
+
+
+def test_run_header_names_the_rerun_command_and_the_machine():
+    header = record.run_header([".venv/bin/python", "-m", "benchmarks.x"], [f"--out={record.REPO}/r.json"], load=[1.0])
+    assert header["command"] == ".venv/bin/python -m benchmarks.x --out=r.json"
+    assert header["machine"]["load"] == [1.0] and header["machine"]["cpus"] >= 1
+    assert header["date"].endswith("+00:00")
