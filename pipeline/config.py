@@ -246,6 +246,15 @@ def validate(cfg: PipelineConfig) -> None:
     def within(key: str, value: float, low: float, high: float) -> None:
         check(low <= value <= high, key, f"must be in [{low}, {high}], got {value}")
 
+    def fits_context(key: str, prompt_tokens: int, reply_key: str, reply_tokens: int) -> None:
+        """A request's prompt budget and its generation cap fit the policy servers' context."""
+        check(
+            prompt_tokens >= 1 and prompt_tokens + reply_tokens <= ps.max_model_len,
+            key,
+            f"a prompt of {prompt_tokens} tokens and {reply_key} ({reply_tokens}) must fit "
+            f"policy_server.max_model_len ({ps.max_model_len})",
+        )
+
     # shared
     at_least("startup_timeout_s", cfg.startup_timeout_s, 0)
     check(bool(cfg.endpoints.policy_servers), "endpoints.policy_servers", "needs at least one server")
@@ -359,12 +368,8 @@ def validate(cfg: PipelineConfig) -> None:
     at_least("env_actor.history_window", ea.history_window, 0)
     at_least("env_actor.prompt_token_budget", ea.prompt_token_budget, 0)
     at_least("env_actor.demo_max_steps", ea.demo_max_steps, 0)
-    prompt_budget = ea.prompt_budget(ps.max_model_len)
-    check(
-        prompt_budget >= 1 and prompt_budget + ea.max_action_tokens <= ps.max_model_len,
-        "env_actor.prompt_token_budget",
-        f"a prompt of {prompt_budget} tokens and max_action_tokens ({ea.max_action_tokens}) must fit "
-        f"policy_server.max_model_len ({ps.max_model_len})",
+    fits_context(
+        "env_actor.prompt_token_budget", ea.prompt_budget(ps.max_model_len), "max_action_tokens", ea.max_action_tokens
     )
     at_least("env_actor.max_action_tokens", ea.max_action_tokens, 1)
     at_least("env_actor.temperature", ea.temperature, 0)
@@ -381,12 +386,11 @@ def validate(cfg: PipelineConfig) -> None:
     at_least("memory_service.reflection_state_chars", mem.reflection_state_chars, 0)
     at_least("memory_service.reflection_prompt_tokens", mem.reflection_prompt_tokens, 0)
     at_least("memory_service.reflection_max_tokens", mem.reflection_max_tokens, 1)
-    budget = mem.reflection_prompt_budget(ps.max_model_len)
-    check(
-        budget >= 1 and budget + mem.reflection_max_tokens <= ps.max_model_len,
+    fits_context(
         "memory_service.reflection_prompt_tokens",
-        f"a prompt of {budget} tokens and reflection_max_tokens ({mem.reflection_max_tokens}) must fit "
-        f"policy_server.max_model_len ({ps.max_model_len})",
+        mem.reflection_prompt_budget(ps.max_model_len),
+        "reflection_max_tokens",
+        mem.reflection_max_tokens,
     )
     at_least("memory_service.reflection_temperature", mem.reflection_temperature, 0)
     at_least("memory_service.reflection_batch_size", mem.reflection_batch_size, 1)
