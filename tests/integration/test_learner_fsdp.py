@@ -16,52 +16,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from common.process import stop_group
+from tests.factories import mixed_group, save_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
-
-
-def _trajectories(step: int) -> list:
-    """One group of 4 episodes (2 turns, mixed prompt lengths, tips in two), rewarded unevenly. The
-    near-uniform tiny model gives every token a log-prob near log(1/40) = -3.7, so the mask at -3
-    drops every tip sample, clearly on every rank."""
-    from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory
-
-    rng = np.random.default_rng(step)
-    out = []
-    for slot in range(4):
-        mode = (ON_POLICY, ON_POLICY_TIPS, OFF_POLICY, ON_POLICY)[slot]
-        prompts = [rng.integers(3, 40, rng.integers(5, 20)).astype(np.int32) for _ in range(2)]
-        responses = [rng.integers(3, 40, rng.integers(1, 4)).astype(np.int32) for _ in range(2)]
-        out.append(
-            Trajectory(
-                episode_id=f"{step}-{slot}",
-                group_id=f"g{step}",
-                slot=slot,
-                actor_id="a",
-                task="t",
-                variation=0,
-                mode=mode,
-                score=float(25 * slot),
-                done=True,
-                prompt_token_ids=np.concatenate(prompts),
-                prompt_offsets=np.cumsum([0] + [len(p) for p in prompts]).astype(np.int64),
-                response_token_ids=np.concatenate(responses),
-                response_offsets=np.cumsum([0] + [len(r) for r in responses]).astype(np.int64),
-                behaviour_logprobs=rng.uniform(-4, -2, sum(len(r) for r in responses)).astype(np.float32),
-                tip_spans=np.array([[0, 1, 3], [1, 1, 3]] if mode != ON_POLICY else np.zeros((0, 3)), np.int32),
-                policy_versions=np.full(2, step, np.int32),
-                num_memories=np.array([1, 3], np.int32),
-                observations=["a room", f"room {slot}"],
-                actions=["look", "go"],
-            )
-        )
-    return out
 
 
 def worker(model_dir: str, out: str) -> None:
@@ -86,7 +48,7 @@ def worker(model_dir: str, out: str) -> None:
     )
     trainer = Trainer(cfg, model_dir, seed=0)
     batches = [
-        distributed.broadcast_message(Batch(_trajectories(k), 0) if distributed.rank() == 0 else None) for k in range(2)
+        distributed.broadcast_message(Batch(mixed_group(k), 0) if distributed.rank() == 0 else None) for k in range(2)
     ]
     trainer.step(batches[0].trajectories)
     checkpoint = trainer.save_checkpoint(Path(out) / "checkpoints", keep_last=1)
@@ -121,27 +83,7 @@ def _run(command: list[str], out: Path, timeout: float = 120) -> None:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    from tokenizers import Tokenizer, models
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    path = tmp_path_factory.mktemp("tiny-model")
-    torch.manual_seed(0)
-    LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=40,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-            tie_word_embeddings=True,
-        )
-    ).save_pretrained(path)
-    PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
-    ).save_pretrained(path)
-    return str(path)
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
 def test_two_ranks_take_the_single_process_steps(model_dir, tmp_path):

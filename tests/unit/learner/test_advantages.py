@@ -11,33 +11,19 @@ import torch
 from learner.advantages import TIP_MODES, CountBonus, group_advantages, turn_rewards
 from learner.config import LearnerConfig
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory
+from tests.factories import plain_turns, trajectory
 
 
 def _traj(mode: str, score: float, num_memories: list[int]) -> Trajectory:
     n = len(num_memories)
-    traj = Trajectory(
-        episode_id="e",
-        group_id="g",
-        slot=0,
-        actor_id="a",
-        task="find-living-thing",
-        variation=0,
+    return trajectory(
+        plain_turns(n, logprob=-1.0),
         mode=mode,
         score=score,
-        done=True,
-        prompt_token_ids=np.arange(2 * n, dtype=np.int32),
-        prompt_offsets=np.arange(0, 2 * n + 1, 2, dtype=np.int64),
-        response_token_ids=np.arange(n, dtype=np.int32),
-        response_offsets=np.arange(n + 1, dtype=np.int64),
-        behaviour_logprobs=np.full(n, -1.0, dtype=np.float32),
-        tip_spans=np.zeros((0, 3), dtype=np.int32),
-        policy_versions=np.zeros(n, dtype=np.int32),
-        num_memories=np.asarray(num_memories, dtype=np.int32),
+        episode_id="e",
+        num_memories=num_memories,
         observations=["obs"] * n,
-        actions=["look around"] * n,
     )
-    traj.validate()
-    return traj
 
 
 def _rewards(traj: Trajectory, score_scale: float, intrinsic_coef: float) -> np.ndarray:

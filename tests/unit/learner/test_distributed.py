@@ -9,7 +9,7 @@ import torch
 
 from learner import distributed
 from protocol.messages import Batch
-from tests.integration.test_learner_fsdp import _trajectories
+from tests.factories import mixed_group
 
 
 def test_a_plain_process_is_a_group_of_one():
@@ -26,7 +26,7 @@ def test_cuda_without_a_gpu_fails_clearly():
 
 
 def test_broadcast_returns_the_batch():
-    batch = Batch(_trajectories(0), dropped_stale=2)
+    batch = Batch(mixed_group(0), dropped_stale=2)
     out = distributed.broadcast_message(batch)
     assert out.dropped_stale == 2 and len(out.trajectories) == 4
     np.testing.assert_array_equal(out.trajectories[1].prompt_token_ids, batch.trajectories[1].prompt_token_ids)

@@ -7,30 +7,19 @@ import numpy as np
 from learner.advantages import CountBonus, anchor_step_advantages, discounted_returns
 from learner.samples import GiGPO, group_turn_advantages
 from protocol.messages import ON_POLICY, ON_POLICY_TIPS, Trajectory
+from tests.factories import plain_turns, trajectory
 
 
 def _traj(observations, score, mode=ON_POLICY, num_memories=None) -> Trajectory:
     n = len(observations)
-    return Trajectory(
-        episode_id=f"e{score}{n}",
-        group_id="g",
-        slot=0,
-        actor_id="a",
-        task="t",
-        variation=0,
+    return trajectory(
+        plain_turns(n),
         mode=mode,
         score=score,
-        done=True,
-        prompt_token_ids=np.arange(2 * n, dtype=np.int32),
-        prompt_offsets=np.arange(0, 2 * n + 1, 2, dtype=np.int64),
-        response_token_ids=np.arange(n, dtype=np.int32),
-        response_offsets=np.arange(n + 1, dtype=np.int64),
-        behaviour_logprobs=np.zeros(n, np.float32),
-        tip_spans=np.zeros((0, 3), np.int32),
-        policy_versions=np.zeros(n, np.int32),
-        num_memories=np.asarray(num_memories or [0] * n, np.int32),
-        observations=list(observations),
-        actions=["look around"] * n,
+        episode_id=f"e{score}{n}",
+        task="t",
+        num_memories=num_memories,
+        observations=observations,
     )
 
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from learner.advantages import CountBonus
 from learner.config import LearnerConfig
@@ -21,6 +21,7 @@ from learner.samples import GiGPO, build_samples
 from learner.step import train_step
 from pipeline.config import load_config
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory
+from tests.factories import Turn, tiny_llama, trajectory
 
 PROMPT = np.array([5, 6, 7, 8], dtype=np.int32)
 TIP = np.array([20, 21, 22], dtype=np.int32)  # a "tip block" inserted after token 2
@@ -28,18 +29,7 @@ GOOD, BAD = np.array([3], dtype=np.int32), np.array([4], dtype=np.int32)
 
 
 def _model() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    return LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=32,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-        )
-    )
+    return tiny_llama(32, num_attention_heads=2, max_position_embeddings=64)
 
 
 def _logp(model, prompt: np.ndarray, action: np.ndarray) -> np.ndarray:
@@ -52,25 +42,17 @@ def _logp(model, prompt: np.ndarray, action: np.ndarray) -> np.ndarray:
 def _episode(model, mode: str, action: np.ndarray, score: float, slot: int, version: int) -> Trajectory:
     with_tips = mode != ON_POLICY
     prompt = np.concatenate([PROMPT[:2], TIP, PROMPT[2:]]) if with_tips else PROMPT
-    spans = np.array([[0, 2, 2 + len(TIP)]], np.int32) if with_tips else np.zeros((0, 3), np.int32)
-    return Trajectory(
-        episode_id=f"{version}-{slot}",
-        group_id=f"g{version}",
-        slot=slot,
-        actor_id="a",
-        task="t",
-        variation=0,
+    spans = [(2, 2 + len(TIP))] if with_tips else []
+    return trajectory(
+        [Turn(prompt=prompt, response=action, logprobs=_logp(model, prompt, action), tip_spans=spans)],
         mode=mode,
         score=score,
-        done=True,
-        prompt_token_ids=prompt,
-        prompt_offsets=np.array([0, len(prompt)]),
-        response_token_ids=action,
-        response_offsets=np.array([0, 1]),
-        behaviour_logprobs=_logp(model, prompt, action).astype(np.float32),  # what the server would return
-        tip_spans=spans,
-        policy_versions=np.array([version], np.int32),
-        num_memories=np.array([1], np.int32),
+        group_id=f"g{version}",
+        slot=slot,
+        episode_id=f"{version}-{slot}",
+        task="t",
+        versions=[version],
+        num_memories=[1],
         observations=["the same state"],
         actions=["good" if action is GOOD else "bad"],
     )

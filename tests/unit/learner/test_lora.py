@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaForCausalLM
 
 from learner.checkpoint import list_checkpoints
 from learner.config import LearnerConfig
 from learner.policy_model import response_logprobs
 from learner.train import Trainer
 from learner.weight_push import weight_tensors
-from tests.integration.test_learner_fsdp import _trajectories
+from tests.factories import mixed_group, save_tiny_model
 
 CFG = LearnerConfig(
     lr=1e-2,
@@ -28,25 +27,7 @@ CFG = LearnerConfig(
 
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("base")
-    torch.manual_seed(0)
-    LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=40,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-            tie_word_embeddings=True,
-            initializer_range=0.2,
-        )
-    ).save_pretrained(path)
-    PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
-    ).save_pretrained(path)
-    return str(path)
+    return save_tiny_model(tmp_path_factory.mktemp("base"), initializer_range=0.2)
 
 
 def _weights(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -56,8 +37,8 @@ def _weights(trainer: Trainer) -> dict[str, torch.Tensor]:
 def test_only_adapters_train_and_only_they_are_pushed(base_dir):
     trainer = Trainer(CFG, base_dir, seed=0)
     before = _weights(trainer)
-    trainer.step(_trajectories(0))
-    trainer.step(_trajectories(1))  # B starts at 0: the second step moves A too
+    trainer.step(mixed_group(0))
+    trainer.step(mixed_group(1))  # B starts at 0: the second step moves A too
     after = _weights(trainer)
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(".lora_A." in k or ".lora_B." in k for k in changed)
@@ -74,8 +55,8 @@ def test_only_adapters_train_and_only_they_are_pushed(base_dir):
 
 def test_checkpoint_is_the_merged_policy_and_resumes_the_adapter(base_dir, tmp_path):
     trainer = Trainer(CFG, base_dir, seed=0)
-    trainer.step(_trajectories(0))
-    trainer.step(_trajectories(1))
+    trainer.step(mixed_group(0))
+    trainer.step(mixed_group(1))
     path = trainer.save_checkpoint(tmp_path, keep_last=1)
     assert list_checkpoints(tmp_path) == [path]
     merged = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)  # a plain HF model: what vLLM would load
@@ -84,10 +65,10 @@ def test_checkpoint_is_the_merged_policy_and_resumes_the_adapter(base_dir, tmp_p
         torch.testing.assert_close(
             response_logprobs(merged, prompt, response), response_logprobs(trainer.scorer, prompt, response)
         )
-    trainer.step(_trajectories(2))
+    trainer.step(mixed_group(2))
     resumed = Trainer(CFG, base_dir, seed=0, resume_from=path)  # the base model plus the adapter state
     assert resumed.version == 2
-    resumed.step(_trajectories(2))
+    resumed.step(mixed_group(2))
     expected, got = _weights(trainer), _weights(resumed)
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], rtol=0, atol=0, msg=name)

@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from learner.config import LearnerConfig
 from learner.loss import mask_subject
@@ -21,6 +21,7 @@ from learner.policy_model import response_logprobs
 from learner.samples import TurnSample
 from learner.step import train_step
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
+from tests.factories import tiny_llama
 
 VOCAB = 64
 BASE = np.array([1, 2, 3, 4, 5, 6], np.int32)
@@ -49,18 +50,8 @@ def test_which_samples_each_rule_judges(rule, memory_in_use, with_tips, judged):
 
 @pytest.fixture(scope="module")
 def model() -> LlamaForCausalLM:
-    torch.manual_seed(1234)
-    return LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=16,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            intermediate_size=32,
-            max_position_embeddings=128,
-            initializer_range=0.2,
-        )
+    return tiny_llama(
+        VOCAB, seed=1234, hidden_size=16, num_attention_heads=2, intermediate_size=32, initializer_range=0.2
     ).eval()
 
 

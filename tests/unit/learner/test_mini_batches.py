@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 import learner.step as step_mod
 from learner.config import LearnerConfig
@@ -19,6 +19,7 @@ from learner.policy_model import response_logprobs
 from learner.samples import TurnSample
 from learner.step import mini_batch_plan, rank_share, train_step
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
+from tests.factories import tiny_llama
 
 VOCAB = 48
 
@@ -44,19 +45,7 @@ def test_mini_batch_plan_by_hand():
 
 
 def _model() -> LlamaForCausalLM:
-    torch.manual_seed(7)
-    return LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=128,
-            initializer_range=0.2,
-        )
-    )
+    return tiny_llama(VOCAB, seed=7, initializer_range=0.2)
 
 
 def _logp(model, prompt: np.ndarray, response: np.ndarray) -> torch.Tensor:

@@ -9,13 +9,14 @@ import copy
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from learner.config import LearnerConfig
 from learner.policy_model import response_logprobs
 from learner.samples import TurnSample
 from learner.step import micro_batches, train_step
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
+from tests.factories import tiny_llama
 
 VOCAB = 48
 
@@ -29,19 +30,7 @@ def test_micro_batches_by_hand():
 
 
 def _model() -> LlamaForCausalLM:
-    torch.manual_seed(7)
-    return LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=128,
-            initializer_range=0.2,
-        )
-    )
+    return tiny_llama(VOCAB, seed=7, initializer_range=0.2)
 
 
 def _samples(model) -> list[TurnSample]:

@@ -13,6 +13,7 @@ from learner.config import LearnerConfig
 from learner.rnd import RNDBonus, observation_features
 from learner.samples import build_samples
 from protocol.messages import ON_POLICY, Trajectory
+from tests.factories import plain_turns, trajectory
 
 CFG = LearnerConfig(
     intrinsic_kind="rnd", intrinsic_coef=0.5, rnd_feature_dim=256, rnd_hidden=64, rnd_output_dim=16, rnd_lr=1e-2
@@ -23,26 +24,8 @@ NOVEL = "This room is called the greenhouse. In it, you see a bee hive and a flo
 
 def _traj(observations: list[str], slot: int = 0, score: float = 0.0, mode: str = ON_POLICY) -> Trajectory:
     n = len(observations)
-    return Trajectory(
-        episode_id=f"e{slot}",
-        group_id="g",
-        slot=slot,
-        actor_id="a",
-        task="t",
-        variation=0,
-        mode=mode,
-        score=score,
-        done=True,
-        prompt_token_ids=np.arange(2 * n, dtype=np.int32),
-        prompt_offsets=np.arange(0, 2 * n + 1, 2, dtype=np.int64),
-        response_token_ids=np.arange(n, dtype=np.int32),
-        response_offsets=np.arange(n + 1, dtype=np.int64),
-        behaviour_logprobs=np.zeros(n, np.float32),
-        tip_spans=np.zeros((0, 3), np.int32),
-        policy_versions=np.zeros(n, np.int32),
-        num_memories=np.zeros(n, np.int32),
-        observations=observations,
-        actions=["look around"] * n,
+    return trajectory(
+        plain_turns(n), mode=mode, score=score, slot=slot, episode_id=f"e{slot}", task="t", observations=observations
     )
 
 

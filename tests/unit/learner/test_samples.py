@@ -7,37 +7,21 @@ import pytest
 
 from learner.advantages import CountBonus
 from learner.samples import TurnSample, build_samples, remove_spans
-from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory
+from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
+from tests.factories import Turn, trajectory
 
 
 def _traj(group_id, mode, score, turns, slot=0, versions=None, num_memories=None):
     """turns: list of (prompt ids, tip spans [(start, end)], response ids, behaviour logprobs)."""
-    prompts = [np.asarray(t[0], dtype=np.int32) for t in turns]
-    responses = [np.asarray(t[2], dtype=np.int32) for t in turns]
-    n = len(turns)
-    traj = Trajectory(
-        episode_id=f"{group_id}-{slot}",
-        group_id=group_id,
-        slot=slot,
-        actor_id="actor-0",
-        task="find-living-thing",
-        variation=0,
+    return trajectory(
+        [Turn(prompt=p, response=r, logprobs=lp, tip_spans=spans) for p, spans, r, lp in turns],
         mode=mode,
         score=score,
-        done=True,
-        prompt_token_ids=np.concatenate(prompts),
-        prompt_offsets=np.concatenate([[0], np.cumsum([len(p) for p in prompts])]).astype(np.int64),
-        response_token_ids=np.concatenate(responses),
-        response_offsets=np.concatenate([[0], np.cumsum([len(r) for r in responses])]).astype(np.int64),
-        behaviour_logprobs=np.concatenate([np.asarray(t[3], dtype=np.float32) for t in turns]),
-        tip_spans=np.asarray([(i, s, e) for i, t in enumerate(turns) for s, e in t[1]], dtype=np.int32).reshape(-1, 3),
-        policy_versions=np.asarray(versions if versions is not None else [0] * n, dtype=np.int32),
-        num_memories=np.asarray(num_memories if num_memories is not None else [0] * n, dtype=np.int32),
-        observations=[f"obs {i}" for i in range(n)],
-        actions=["look around"] * n,
+        group_id=group_id,
+        slot=slot,
+        versions=versions,
+        num_memories=num_memories,
     )
-    traj.validate()
-    return traj
 
 
 # ------------------------------------------------------------------------- remove_spans

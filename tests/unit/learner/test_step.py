@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 import learner.step as step_mod
 from common.metrics import LearnerMetrics
@@ -19,7 +19,7 @@ from learner.step import PHASES, PhaseTimer, PreScores, StepStats, StepTotals, m
 from learner.train import step_record
 from learner.weight_push import PushTiming
 from protocol.messages import ON_POLICY, ON_POLICY_TIPS
-from tests.integration.test_learner_fsdp import _trajectories
+from tests.factories import mixed_group, tiny_llama
 
 SUMS = dict(
     loss=-3.5,
@@ -119,17 +119,13 @@ VOCAB = 32
 
 @pytest.fixture
 def model() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    return LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-        )
+    return tiny_llama(
+        VOCAB,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=64,
     )
 
 
@@ -192,7 +188,7 @@ def test_phase_timer_adds_up_repeated_phases(monkeypatch):
 def test_step_record_carries_the_phases_and_the_metrics_export_them(model):
     timer = PhaseTimer()
     with timer.phase("batch_wait"):
-        trajectories = _trajectories(0)
+        trajectories = mixed_group(0)
     stats = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), [_sample()], LearnerConfig(), 0, timer=timer)
     with timer.phase("push"):
         push = PushTiming(seconds=0.25, engine_seconds=0.125)
