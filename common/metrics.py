@@ -186,3 +186,35 @@ class LearnerMetrics(RoleMetrics):
         for name, value in record.items():
             if name.startswith("masked_fraction_") and value is not None:
                 self.masked_fraction.labels(name.removeprefix("masked_fraction_")).set(value)
+
+
+class LaunchMetrics:
+    """The supervising launcher's own metrics (deploy/launch.py), labelled by role name
+    (policy_server0, env_actor1, learner, ...): its restarts, whether it runs, how it last exited."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.restarts = Counter(
+            "empo2_launch_restarts", "Times a role was started again after it exited", ["role"], registry=self.registry
+        )
+        self.role_up = Gauge(
+            "empo2_launch_role_up", "1 while the role's process runs", ["role"], registry=self.registry
+        )
+        self.last_exit_code = Gauge(
+            "empo2_launch_last_exit_code",
+            "Exit status of the role's last exit (-N: signal N)",
+            ["role"],
+            registry=self.registry,
+        )
+
+        self._server = None
+
+    def serve(self, host: str, port: int) -> None:
+        self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+
+    def close(self) -> None:
+        """Stop serving (the launcher's process outlives one run in tests and tools)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
