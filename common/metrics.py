@@ -218,3 +218,21 @@ class LaunchMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+ROLE_METRICS = (PolicyServerMetrics, EnvActorMetrics, ReplayBufferMetrics, MemoryServiceMetrics, LearnerMetrics)
+
+
+def sample_names(registry: CollectorRegistry) -> set[str]:
+    """The sample names a registry exports (counter `_total`, histogram `_bucket`/`_sum`/`_count`),
+    also for labelled families that have no samples yet."""
+    names = set()
+    for family in registry.collect():
+        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(family.type, [""])
+        names |= {family.name + suffix for suffix in suffixes}
+    return names
+
+
+def exported_sample_names() -> set[str]:
+    """Every sample name of every role and the launcher (the deploy files are checked against it)."""
+    return set().union(*(sample_names(cls().registry) for cls in (*ROLE_METRICS, LaunchMetrics)))

@@ -68,3 +68,10 @@ def wait_for_role(run_dir: str | Path, name: str, restarts: int, timeout_s: floa
         if not alive() or time.monotonic() > deadline:
             raise TimeoutError(f"{name} not back after {restarts} restarts: {role}")
         time.sleep(0.5)
+
+
+def newest_run(runs: Path = Path("runs")) -> Path | None:
+    """The run directory under `runs` whose launcher wrote its state last (conf/pipeline.yaml
+    names a new one per run), or None."""
+    states = sorted(runs.glob(f"*/{STATE_FILE}"), key=lambda p: p.stat().st_mtime)
+    return states[-1].parent.parent if states else None

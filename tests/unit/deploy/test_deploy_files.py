@@ -11,26 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.metrics import (
-    EnvActorMetrics,
-    LearnerMetrics,
-    MemoryServiceMetrics,
-    PolicyServerMetrics,
-    ReplayBufferMetrics,
-)
+from common.metrics import exported_sample_names
 from deploy.monitoring.make_dashboard import dashboard
 from pipeline.config import MetricsConfig
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
-
-
-def _metric_names() -> set[str]:
-    names = set()
-    for cls in (EnvActorMetrics, LearnerMetrics, MemoryServiceMetrics, PolicyServerMetrics, ReplayBufferMetrics):
-        for family in cls().registry.collect():  # labelled families have no samples yet: use types
-            suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(family.type, [""])
-            names |= {family.name + suffix for suffix in suffixes}
-    return names
 
 
 def test_prometheus_targets_use_the_configured_ports():
@@ -47,7 +32,7 @@ def test_prometheus_targets_use_the_configured_ports():
 def test_dashboard_is_generated_and_uses_only_exported_metrics():
     committed = json.loads((DEPLOY / "monitoring" / "grafana-dashboard.json").read_text())
     assert committed == dashboard(), "run: python deploy/monitoring/make_dashboard.py"
-    exported = _metric_names()
+    exported = exported_sample_names()
     for panel in committed["panels"]:
         for target in panel["targets"]:
             for name in re.findall(r"\bempo2_[a-z_]+\b", target["expr"]):
