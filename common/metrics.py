@@ -223,16 +223,20 @@ class LaunchMetrics:
 ROLE_METRICS = (PolicyServerMetrics, EnvActorMetrics, ReplayBufferMetrics, MemoryServiceMetrics, LearnerMetrics)
 
 
-def sample_names(registry: CollectorRegistry) -> set[str]:
-    """The sample names a registry exports (counter `_total`, histogram `_bucket`/`_sum`/`_count`),
-    also for labelled families that have no samples yet."""
-    names = set()
-    for family in registry.collect():
-        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(family.type, [""])
-        names |= {family.name + suffix for suffix in suffixes}
-    return names
+def family_samples(registry: CollectorRegistry) -> dict[str, list[str]]:
+    """Family name -> the sample names it exports (counter `_total`, histogram `_bucket`/`_sum`/
+    `_count`), also for labelled families that have no samples yet."""
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
+    return {f.name: [f.name + s for s in suffixes.get(f.type, [""])] for f in registry.collect()}
+
+
+def exported_families() -> dict[str, list[str]]:
+    """family_samples of every role and the launcher (the deploy files are checked against it)."""
+    out: dict[str, list[str]] = {}
+    for cls in (*ROLE_METRICS, LaunchMetrics):
+        out.update(family_samples(cls().registry))
+    return out
 
 
 def exported_sample_names() -> set[str]:
-    """Every sample name of every role and the launcher (the deploy files are checked against it)."""
-    return set().union(*(sample_names(cls().registry) for cls in (*ROLE_METRICS, LaunchMetrics)))
+    return {s for samples in exported_families().values() for s in samples}

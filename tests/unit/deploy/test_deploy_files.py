@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.metrics import exported_sample_names
-from deploy.monitoring.make_dashboard import dashboard
+from common.metrics import exported_families, exported_sample_names
+from deploy.monitoring.make_dashboard import NOT_ON_DASHBOARD, dashboard, uncovered
 from pipeline.config import MetricsConfig
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
@@ -41,6 +41,12 @@ def test_dashboard_is_generated_and_uses_only_exported_metrics():
                 assert name in exported, f"panel {panel['title']!r} uses unknown metric {name}"
 
 
+def test_every_exported_family_is_on_a_panel_or_deliberately_left_off():
+    families = exported_families()
+    assert uncovered(families) == set()
+    assert set(NOT_ON_DASHBOARD) <= set(families)  # the list names real families, not stale ones
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_systemd_units_verify(tmp_path):
     repo = DEPLOY.parent
@@ -53,3 +59,13 @@ def test_systemd_units_verify(tmp_path):
     units = [str(p) for p in tmp_path.iterdir() if "@." not in p.name]
     result = subprocess.run(["systemd-analyze", "verify", *units], capture_output=True, text=True)
     assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+
+
+def test_grafana_provisioning_points_at_the_dashboard_and_a_prometheus():
+    provisioning = DEPLOY / "monitoring" / "grafana" / "provisioning"
+    (source,) = yaml.safe_load((provisioning / "datasources" / "empo2.yml").read_text())["datasources"]
+    assert source["type"] == "prometheus" and source["url"].startswith("http://127.0.0.1:")
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "empo2.yml").read_text())["providers"]
+    path = Path(provider["options"]["path"].replace("/opt/empo2", str(DEPLOY.parent)))  # install.sh's prefix
+    assert (path / "grafana-dashboard.json").exists()
+    assert json.loads((path / "grafana-dashboard.json").read_text())["templating"]["list"][0]["query"] == "prometheus"
