@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 import shutil
@@ -13,7 +14,8 @@ import yaml
 
 from common.metrics import exported_families, exported_sample_names
 from deploy.monitoring.make_dashboard import NOT_ON_DASHBOARD, dashboard, uncovered
-from pipeline.config import MetricsConfig
+from pipeline.cli import COMMANDS
+from pipeline.config import ConfigError, MetricsConfig, load_config
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 
@@ -69,3 +71,35 @@ def test_grafana_provisioning_points_at_the_dashboard_and_a_prometheus():
     path = Path(provider["options"]["path"].replace("/opt/empo2", str(DEPLOY.parent)))  # install.sh's prefix
     assert (path / "grafana-dashboard.json").exists()
     assert json.loads((path / "grafana-dashboard.json").read_text())["templating"]["list"][0]["query"] == "prometheus"
+
+
+def _env_file_args() -> list[str]:
+    """EMPO2_ARGS of the example environment file, split as systemd splits an unbraced $VAR."""
+    for line in (DEPLOY / "systemd" / "empo2.env.example").read_text().splitlines():
+        if line.startswith("EMPO2_ARGS="):
+            return line.removeprefix("EMPO2_ARGS=").split()
+    raise AssertionError("empo2.env.example sets no EMPO2_ARGS")
+
+
+def test_each_unit_starts_an_installed_entry_point_with_arguments_load_config_accepts():
+    pyproject = (DEPLOY.parent / "pyproject.toml").read_text()
+    installed = {e.name: e.value for e in importlib.metadata.entry_points(group="console_scripts")}
+    units = sorted((DEPLOY / "systemd").glob("*.service"))
+    assert len(units) == 5
+    for unit in units:
+        (exec_start,) = [line for line in unit.read_text().splitlines() if line.startswith("ExecStart=")]
+        binary, *args = exec_start.removeprefix("ExecStart=").split()
+        command = Path(binary).name
+        assert binary == f"/opt/empo2/.venv/bin/{command}", unit.name  # install.sh rewrites the prefix
+        entry = installed.get(command, "")
+        assert f'{command} = "{entry}"' in pyproject, f"{unit.name}: {command} is not an installed [project.scripts]"
+        assert entry.startswith("pipeline.cli:") and command in COMMANDS  # it loads the config first
+        args = [a for a in args if a != "$EMPO2_ARGS"] + _env_file_args()
+        # an instance, as `systemctl start empo2-env-actor@3`; the example env file lists one policy server
+        instance = 0 if "policy-server" in unit.name else 3
+        cfg = load_config([a.replace("%i", str(instance)) for a in args])
+        if "@" in unit.name:
+            kind = unit.name.split("@")[0].removeprefix("empo2-").replace("-", "_")
+            assert getattr(cfg, kind).index == instance
+    with pytest.raises(ConfigError):  # and the same arguments with a bad one are refused at load
+        load_config([*_env_file_args(), "env_actor.index=-1"])
