@@ -42,9 +42,29 @@ _SECONDS = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 _PHASE_SECONDS = (0.001, 0.005, *_SECONDS)
 
 
+class VllmEngineMetrics:
+    """vLLM's own engine metrics, re-exported on the policy server's port: running and waiting
+    requests, KV-cache use, prompt and generation tokens, time to first token and the rest of
+    `vllm:*`. vLLM's PrometheusStatLogger (vllm.v1.metrics.loggers, on by default while
+    disable_log_stats is false) registers them in prometheus_client's global registry of the
+    process that runs AsyncLLM; the roles serve their own registries, so this collector hands
+    those families on at each scrape. Nothing until the engine has started."""
+
+    def describe(self) -> list:
+        return []  # names are vLLM's, known only once it runs: no clash check at registration
+
+    def collect(self):
+        from prometheus_client import REGISTRY
+
+        for family in REGISTRY.collect():
+            if family.name.startswith("vllm:"):
+                yield family
+
+
 class PolicyServerMetrics(RoleMetrics):
     def __init__(self) -> None:
         super().__init__("policy_server")
+        self.registry.register(VllmEngineMetrics())
         self.ready = self._gauge("ready", "1 once the engine serves requests")
         self.requests_in_flight = self._gauge("requests_in_flight", "Generation requests being served")
         self.generated_tokens = self._counter("generated_tokens", "Response tokens generated")

@@ -206,6 +206,25 @@ PANELS = [
     ),
 ]
 
+# vLLM's engine metrics (the policy servers re-export them: common.metrics.VllmEngineMetrics)
+PANELS += [
+    ("vLLM requests running / waiting", "none", ["vllm:num_requests_running", "vllm:num_requests_waiting"]),
+    ("vLLM KV-cache use", "percentunit", ["vllm:kv_cache_usage_perc"]),
+    (
+        "vLLM prompt / generation tokens per s",
+        "ops",
+        ["sum(rate(vllm:prompt_tokens_total[1m]))", "sum(rate(vllm:generation_tokens_total[1m]))"],
+    ),
+    (
+        "vLLM time to first token (p50, p95)",
+        "s",
+        [
+            "histogram_quantile(0.5, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket[5m])))",
+            "histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket[5m])))",
+        ],
+    ),
+]
+
 # Exported metric families deliberately not on the board, and why (the dashboard test checks that
 # every family the roles export is on a panel or here).
 NOT_ON_DASHBOARD = {
@@ -213,13 +232,16 @@ NOT_ON_DASHBOARD = {
     "empo2_memory_service_embedding_batch_size": "a batching diagnostic, read in benchmarks",
     "empo2_launch_last_exit_code": "a last value, shown by empo2-status",
 }
+# ...and by pattern: vLLM's own families beyond the panels above (its documentation lists them;
+# which ones exist depends on the vLLM version and its features, e.g. speculative decoding)
+NOT_ON_DASHBOARD_PATTERNS = {r"vllm:.*": "vLLM's further engine metrics, scraped for ad-hoc queries"}
 
 
 def panel_metric_names(expr: str) -> tuple[set[str], list[str]]:
     """The metric names a PromQL expression reads, and its `__name__=~` regexes (label values and
     recording-rule names, which hold a colon, are not metric names)."""
     regexes = re.findall(r'__name__=~"([^"]*)"', expr)
-    names = set(re.findall(r"\bempo2_[a-z_]+\b", re.sub(r'"[^"]*"', "", expr)))
+    names = set(re.findall(r"\b(?:empo2_[a-z_]+|vllm:[a-z_:]+)\b", re.sub(r'"[^"]*"', "", expr)))
     return names, regexes
 
 
@@ -235,6 +257,7 @@ def uncovered(families: dict[str, list[str]]) -> set[str]:
         family
         for family, samples in families.items()
         if family not in NOT_ON_DASHBOARD
+        and not any(re.fullmatch(p, family) for p in NOT_ON_DASHBOARD_PATTERNS)
         and not any(s in names or any(re.fullmatch(r, s) for r in regexes) for s in samples)
     }
 

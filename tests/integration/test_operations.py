@@ -8,6 +8,7 @@ rules of deploy/monitoring/rules.yml.
     (empo2_launch_restarts_total in Prometheus), the targets follow the new process
   - the replay buffer killed with SIGKILL comes back (replaying its log)
   - the recording rules give non-zero throughput: episodes, env steps, generated and learner tokens
+  - the policy server exports vLLM's engine metrics on its port
   - every dashboard panel reads only metrics the live scrape exports, and every exported family
     is on a panel or deliberately left off (deploy/monitoring/make_dashboard.py)
   - the run still reaches its step target, the summary counts the restarts, nothing is left running
@@ -31,6 +32,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.process import spawn_role, stop_group
+from deploy.monitor import scrape, total
 from deploy.monitoring.make_dashboard import PANELS, panel_metric_names, uncovered
 from deploy.prometheus import RULES, start_prometheus, wait_ready
 from deploy.run_state import kill_role, read_state, wait_for_role
@@ -168,6 +170,17 @@ def test_the_dashboard_matches_the_live_scrape(run):
             for regex in regexes:
                 assert any(re.fullmatch(regex, s) for s in live), f"panel {title!r}: nothing matches {regex}"
     assert uncovered(families) == set()
+
+
+def test_the_policy_server_exports_vllm_engine_metrics(run):
+    server = scrape(run.cfg.metrics.host, run.cfg.metrics.port("policy_server", 0))
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert total(server, name) >= 0 and any(k.startswith(name) for k in server), name
+    for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_count"):
+        assert total(server, name) > 0, name
+    run.wait_for(
+        "vLLM generation tokens/s in Prometheus", lambda: _value("sum(rate(vllm:generation_tokens_total[1m]))") > 0
+    )
 
 
 def test_the_run_reaches_its_step_target(run):
