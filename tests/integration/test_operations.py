@@ -178,9 +178,7 @@ def test_the_policy_server_exports_vllm_engine_metrics(run):
         assert total(server, name) >= 0 and any(k.startswith(name) for k in server), name
     for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_count"):
         assert total(server, name) > 0, name
-    run.wait_for(
-        "vLLM generation tokens/s in Prometheus", lambda: _value("sum(rate(vllm:generation_tokens_total[1m]))") > 0
-    )
+    assert _value("sum(max_over_time(vllm:generation_tokens_total[30m]))") > 0  # and Prometheus has them
 
 
 def test_the_run_reaches_its_step_target(run):
