@@ -107,6 +107,9 @@ class ReplayBufferMetrics(RoleMetrics):
         self.duplicates = self._counter("trajectories_duplicate", "Re-sent trajectories already held")
         self.assignments = self._counter("assignments", "Rollout slots handed out", ("mode",))
         self.reassigned = self._counter("assignments_reissued", "Slots handed out again after their lease expired")
+        self.assignments_returned = self._counter(
+            "assignments_returned", "Unfinished slots given back by actors that stopped gracefully"
+        )
         self.groups_ready = self._gauge("groups_ready", "Complete groups waiting for the learner")
         self.groups_served = self._counter("groups_served", "Groups handed to the learner")
         self.groups_dropped_stale = self._counter("groups_dropped_stale", "Groups dropped as too stale")

@@ -175,11 +175,12 @@ PANELS = [
         ["empo2_memory_service_memories", "empo2_memory_service_memory_entries"],
     ),
     (
-        "Buffer: assignments, re-issued, duplicates, groups served / s",
+        "Buffer: assignments, re-issued, returned, duplicates, groups served / s",
         "ops",
         [
             "sum(rate(empo2_replay_buffer_assignments_total[5m]))",
             "rate(empo2_replay_buffer_assignments_reissued_total[5m])",
+            "rate(empo2_replay_buffer_assignments_returned_total[5m])",
             "rate(empo2_replay_buffer_trajectories_duplicate_total[5m])",
             "rate(empo2_replay_buffer_groups_served_total[5m])",
         ],
