@@ -22,3 +22,10 @@ test-fast: setup lint
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# Prometheus on a run's targets (the launcher's <run_dir>/prometheus/targets.json) with the rules
+# of deploy/monitoring/rules.yml; prints the URLs.   make monitor [RUN_DIR=runs/<run>] (default: the newest)
+RUN_DIR ?=
+.PHONY: monitor
+monitor: setup
+	$(VENV)/bin/python -m deploy.prometheus $(RUN_DIR)

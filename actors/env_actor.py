@@ -42,6 +42,7 @@ from protocol.messages import (
     Ack,
     Assignment,
     AssignmentRequest,
+    AssignmentReturn,
     EpisodeReport,
     GenerateRequest,
     GenerateResponse,
@@ -60,6 +61,8 @@ log = logging.getLogger("env_actor")
 TURN_SEEDS = 1000
 # The buffer answered an AssignmentRequest with neither an Assignment nor a Wait: ask again after this.
 UNEXPECTED_REPLY_RETRY_S = 1.0
+# How long a stopping actor waits for the buffer to take back its unfinished slot.
+RETURN_TIMEOUT_S = 2.0
 # How often the env actor process checks that all its env threads still play.
 THREAD_CHECK_S = 0.5
 
@@ -285,6 +288,7 @@ class EnvWorker:
         self.runner = runner  # the episode logic over this worker's env; open() builds it when None
         self._request_ids = itertools.count()
         self._memory_down_until = 0.0  # monotonic time until which retrieval is skipped
+        self.playing: Assignment | None = None  # run()'s slot until its trajectory is acknowledged
 
     # ------------------------------------------------------------------------------ client API
     def open(self) -> EpisodeRunner:
@@ -420,11 +424,12 @@ class EnvWorker:
             self.wait_ready()
             log.info("%s ready; playing episodes", self.actor_id)
             while True:
-                assignment = self._next_assignment()
+                assignment = self.playing = self._next_assignment()
                 t0 = time.time()
                 episode = self.play(assignment)
                 trajectory = episode.trajectory
                 self._upload(trajectory)
+                self.playing = None
                 self.report_episode(episode)
                 self._record(episode)
                 log.info(
@@ -441,6 +446,21 @@ class EnvWorker:
                 )
         finally:
             self.close()
+
+    def return_unfinished(self, ctx: zmq.Context) -> None:
+        """Give the slot being played back to the buffer (a graceful stop), on a socket of the
+        caller's thread: best effort, a buffer that does not answer re-issues it after its lease."""
+        if self.playing is None:
+            return
+        a, self.playing = self.playing, None
+        client = Client(ctx, self.cfg.endpoints.replay_buffer, RETURN_TIMEOUT_S)
+        try:
+            client.call(AssignmentReturn(group_id=a.group_id, slot=a.slot, actor_id=self.actor_id))
+            log.info("%s returned its unfinished slot %s/%d", self.actor_id, short_id(a.group_id), a.slot)
+        except (RequestTimeout, RemoteError) as exc:
+            log.warning("%s could not return %s/%d: %s", self.actor_id, short_id(a.group_id), a.slot, exc)
+        finally:
+            client.close()
 
     def _next_assignment(self) -> Assignment:
         while True:
@@ -543,8 +563,11 @@ class EnvActor:
         return episodes
 
     def close(self) -> None:
-        """Close the workers' envs and sockets, except those of a worker still playing in a run()
-        thread: its sockets belong to that thread (the process's exit ends it and its JVM)."""
+        """Return every unfinished slot, then close the workers' envs and sockets, except those of
+        a worker still playing in a run() thread: its sockets belong to that thread (the process's
+        exit ends it and its JVM)."""
+        for worker in self.workers:
+            worker.return_unfinished(zmq.Context.instance())
         for slot, worker in enumerate(self.workers):
             thread = self._threads.get(slot)
             if thread is None or not thread.is_alive():

@@ -42,9 +42,29 @@ _SECONDS = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 _PHASE_SECONDS = (0.001, 0.005, *_SECONDS)
 
 
+class VllmEngineMetrics:
+    """vLLM's own engine metrics, re-exported on the policy server's port: running and waiting
+    requests, KV-cache use, prompt and generation tokens, time to first token and the rest of
+    `vllm:*`. vLLM's PrometheusStatLogger (vllm.v1.metrics.loggers, on by default while
+    disable_log_stats is false) registers them in prometheus_client's global registry of the
+    process that runs AsyncLLM; the roles serve their own registries, so this collector hands
+    those families on at each scrape. Nothing until the engine has started."""
+
+    def describe(self) -> list:
+        return []  # names are vLLM's, known only once it runs: no clash check at registration
+
+    def collect(self):
+        from prometheus_client import REGISTRY
+
+        for family in REGISTRY.collect():
+            if family.name.startswith("vllm:"):
+                yield family
+
+
 class PolicyServerMetrics(RoleMetrics):
     def __init__(self) -> None:
         super().__init__("policy_server")
+        self.registry.register(VllmEngineMetrics())
         self.ready = self._gauge("ready", "1 once the engine serves requests")
         self.requests_in_flight = self._gauge("requests_in_flight", "Generation requests being served")
         self.generated_tokens = self._counter("generated_tokens", "Response tokens generated")
@@ -87,6 +107,9 @@ class ReplayBufferMetrics(RoleMetrics):
         self.duplicates = self._counter("trajectories_duplicate", "Re-sent trajectories already held")
         self.assignments = self._counter("assignments", "Rollout slots handed out", ("mode",))
         self.reassigned = self._counter("assignments_reissued", "Slots handed out again after their lease expired")
+        self.assignments_returned = self._counter(
+            "assignments_returned", "Unfinished slots given back by actors that stopped gracefully"
+        )
         self.groups_ready = self._gauge("groups_ready", "Complete groups waiting for the learner")
         self.groups_served = self._counter("groups_served", "Groups handed to the learner")
         self.groups_dropped_stale = self._counter("groups_dropped_stale", "Groups dropped as too stale")
@@ -186,3 +209,57 @@ class LearnerMetrics(RoleMetrics):
         for name, value in record.items():
             if name.startswith("masked_fraction_") and value is not None:
                 self.masked_fraction.labels(name.removeprefix("masked_fraction_")).set(value)
+
+
+class LaunchMetrics:
+    """The supervising launcher's own metrics (deploy/launch.py), labelled by role name
+    (policy_server0, env_actor1, learner, ...): its restarts, whether it runs, how it last exited."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.restarts = Counter(
+            "empo2_launch_restarts", "Times a role was started again after it exited", ["role"], registry=self.registry
+        )
+        self.role_up = Gauge(
+            "empo2_launch_role_up", "1 while the role's process runs", ["role"], registry=self.registry
+        )
+        self.last_exit_code = Gauge(
+            "empo2_launch_last_exit_code",
+            "Exit status of the role's last exit (-N: signal N)",
+            ["role"],
+            registry=self.registry,
+        )
+
+        self._server = None
+
+    def serve(self, host: str, port: int) -> None:
+        self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+
+    def close(self) -> None:
+        """Stop serving (the launcher's process outlives one run in tests and tools)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+ROLE_METRICS = (PolicyServerMetrics, EnvActorMetrics, ReplayBufferMetrics, MemoryServiceMetrics, LearnerMetrics)
+
+
+def family_samples(registry: CollectorRegistry) -> dict[str, list[str]]:
+    """Family name -> the sample names it exports (counter `_total`, histogram `_bucket`/`_sum`/
+    `_count`), also for labelled families that have no samples yet."""
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
+    return {f.name: [f.name + s for s in suffixes.get(f.type, [""])] for f in registry.collect()}
+
+
+def exported_families() -> dict[str, list[str]]:
+    """family_samples of every role and the launcher (the deploy files are checked against it)."""
+    out: dict[str, list[str]] = {}
+    for cls in (*ROLE_METRICS, LaunchMetrics):
+        out.update(family_samples(cls().registry))
+    return out
+
+
+def exported_sample_names() -> set[str]:
+    return {s for samples in exported_families().values() for s in samples}

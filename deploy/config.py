@@ -11,3 +11,12 @@ class LaunchConfig:
     progress_every_s: float = 15.0  # progress line interval
     timeout_s: float = 3600.0  # the whole bounded run; past it everything is stopped
     stop_grace_s: float = 20.0  # SIGTERM -> SIGKILL delay at shutdown
+    # Supervision: a role that exits (other than the learner finishing) is started again after a
+    # backoff of backoff_s * 2^(n-1) (n: its restarts within restart_window_s), capped at
+    # backoff_max_s. A role restarted more than restart_budget times within restart_window_s
+    # stops the run. The learner resumes from its newest checkpoint, the buffer replays its log,
+    # the memory service reopens its database.
+    restart_budget: int = 5  # restarts per role within restart_window_s; 0 = stop at the first crash
+    restart_window_s: float = 600.0
+    backoff_s: float = 2.0
+    backoff_max_s: float = 60.0

@@ -1,10 +1,19 @@
-"""Launch the whole pipeline on this host, bounded by the learner's step count, then report.
+"""Launch the whole pipeline on this host and supervise it, bounded by the learner's step count.
 
 Starts every role as its own OS process (own session, own log file under <run_dir>/logs):
-policy servers, memory service, replay buffer, env actors, learner. Prints a progress line
-every launch.progress_every_s from the processes' Prometheus endpoints, stops everything when
-the learner finishes (or any process dies, or launch.timeout_s passes), and prints a summary.
-Every `key=value` argument is a config override passed to every child as well.
+policy servers, memory service, replay buffer, env actors, learner (the role table,
+role_commands). A role that exits is started again after a backoff (launch.backoff_s, doubling,
+at most launch.backoff_max_s): the learner resumes from its newest checkpoint, the replay buffer
+replays its log, the memory service reopens its database. Each restart is printed and counted
+(empo2_launch_restarts_total{role}); a role restarted more than launch.restart_budget times
+within launch.restart_window_s stops the run with its name, exit status and last log lines.
+The run ends when the learner exits 0 (or launch.timeout_s passes), and a summary is printed.
+
+While it runs the launcher serves its own metrics on metrics.port("launch") and keeps
+<run_dir>/launch/state.json (pids, restarts) and <run_dir>/prometheus/targets.json (Prometheus
+file-based discovery) current (deploy/run_state.py). A progress line every
+launch.progress_every_s comes from the processes' Prometheus endpoints. Every `key=value`
+argument is a config override passed to every child as well.
 
 Run: `empo2-run [key=value ...]`  (what `make run` does after set-up).
 """
@@ -12,18 +21,50 @@ Run: `empo2-run [key=value ...]`  (what `make run` does after set-up).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
+from common.metrics import LaunchMetrics
 from common.model_prep import resolve_model
 from common.process import interrupt_on_sigterm, signal_group, spawn_role, wait_group
 from deploy.monitor import scrape, total
+from deploy.run_state import STATE_FILE, TARGETS_FILE, scrape_targets, write_json
 from pipeline.cli import role_config
 from pipeline.config import PipelineConfig
+
+
+class RoleSpec(NamedTuple):
+    """One row of the role table: a process the launcher starts and supervises."""
+
+    name: str  # unique in a run: its log file, its state entry, the `role` label of its metrics
+    argv: list[str]  # module, then the role's own overrides
+    kind: str  # METRICS_PORTS key: its metrics port is metrics.port(kind, index)
+    index: int  # of its kind: policy_server.index, env_actor.index (0 for the single roles)
+    ends_run: bool = False  # its exit 0 ends the run (the learner); any other exit is restarted
+
+
+def role_commands(cfg: PipelineConfig) -> list[RoleSpec]:
+    """The role table, in start order: servers first, learner last."""
+    commands = [
+        RoleSpec(f"policy_server{i}", ["actors.policy_server", f"policy_server.index={i}"], "policy_server", i)
+        for i in range(len(cfg.endpoints.policy_servers))
+    ]
+    commands += [
+        RoleSpec("memory_service", ["memory_service.service"], "memory_service", 0),
+        RoleSpec("replay_buffer", ["replay_buffer.service"], "replay_buffer", 0),
+    ]
+    commands += [
+        RoleSpec(f"env_actor{j}", ["actors.env_actor", f"env_actor.index={j}"], "env_actor", j)
+        for j in range(cfg.launch.num_env_actors)
+    ]
+    commands += [RoleSpec("learner", ["learner.train"], "learner", 0, ends_run=True)]
+    return commands
 
 
 @dataclass
@@ -31,6 +72,11 @@ class Child:
     name: str
     process: subprocess.Popen
     log_path: Path
+    spec: RoleSpec | None = None
+    restarts: int = 0
+    restart_times: list[float] = field(default_factory=list)  # time.monotonic() of each restart
+    restart_at: float | None = None  # set while the role waits out its backoff
+    last_exit: int | None = None
 
     def tail(self, lines: int = 30) -> str:
         try:
@@ -39,34 +85,38 @@ class Child:
             return ""
 
 
-def role_commands(cfg: PipelineConfig) -> list[tuple[str, list[str]]]:
-    """(name, module argv) per process, in start order: servers first, learner last."""
-    commands = [
-        (f"policy_server{i}", ["actors.policy_server", f"policy_server.index={i}"])
-        for i in range(len(cfg.endpoints.policy_servers))
-    ]
-    commands += [("memory_service", ["memory_service.service"]), ("replay_buffer", ["replay_buffer.service"])]
-    commands += [
-        (f"env_actor{j}", ["actors.env_actor", f"env_actor.index={j}"]) for j in range(cfg.launch.num_env_actors)
-    ]
-    commands += [("learner", ["learner.train"])]
-    return commands
-
-
 class Launcher:
-    def __init__(self, cfg: PipelineConfig, overrides: list[str], roles: list[tuple[str, list[str]]] | None = None):
-        self.cfg, self.overrides = cfg, overrides
+    """Starts role processes and, in wait(), supervises them. `publish`: this is a run's launcher,
+    so it serves its metrics and writes the state and scrape-target files (tools that start a
+    subset of roles for themselves, TTA and the benchmarks, do not)."""
+
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        overrides: list[str],
+        roles: list[RoleSpec] | None = None,
+        publish: bool = False,
+    ):
+        self.cfg, self.overrides, self.publish = cfg, overrides, publish
         self.roles = role_commands(cfg) if roles is None else roles  # a subset for other tools (TTA)
         self.children: list[Child] = []
         self.log_dir = Path(cfg.run_dir) / "logs"
+        self.metrics = LaunchMetrics()
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        for name, (module, *role_args) in self.roles:
-            log_path = self.log_dir / f"{name}.log"
-            process = spawn_role(module, [*self.overrides, *role_args], log_path)
-            self.children.append(Child(name, process, log_path))
-            print(f"[launch] started {name} (pid {process.pid}), log {log_path}", flush=True)
+        if self.publish:
+            self.metrics.serve(self.cfg.metrics.host, self.cfg.metrics.port("launch"))
+        for spec in self.roles:
+            child = Child(spec.name, self._spawn(spec), self.log_dir / f"{spec.name}.log", spec)
+            self.children.append(child)
+            self.metrics.role_up.labels(spec.name).set(1)
+            print(f"[launch] started {spec.name} (pid {child.process.pid}), log {child.log_path}", flush=True)
+        self.write_state()
+
+    def _spawn(self, spec: RoleSpec) -> subprocess.Popen:
+        module, *role_args = spec.argv
+        return spawn_role(module, [*self.overrides, *role_args], self.log_dir / f"{spec.name}.log")
 
     def check_alive(self) -> None:
         """RuntimeError naming the first started process that has exited, with its log's last
@@ -77,6 +127,88 @@ class Launcher:
                     f"{child.name} exited with {child.process.returncode}; "
                     f"last lines of {child.log_path}:\n{child.tail()}"
                 )
+
+    def supervise(self, now: float) -> str | None:
+        """One supervision pass: restart roles whose backoff is over, schedule a restart for each
+        role that exited. 'done' when a run-ending role (the learner) exited 0, 'failed: ...'
+        when a role has spent its restart budget; None while the run goes on."""
+        launch = self.cfg.launch
+        changed = False
+        for child in self.children:
+            if child.restart_at is not None:
+                if now >= child.restart_at:
+                    self._restart(child, now)
+                    changed = True
+                continue
+            rc = child.process.poll()
+            if rc is None:
+                continue
+            if child.spec is not None and child.spec.ends_run and rc == 0:
+                return "done"
+            # what a crash leaves of the role's group (its JVM, a vLLM engine core) would hold
+            # its ports and memory: gone before the role starts again
+            signal_group(child.process, signal.SIGKILL)
+            wait_group(child.process, now + launch.stop_grace_s)
+            child.last_exit = rc
+            self.metrics.role_up.labels(child.name).set(0)
+            self.metrics.last_exit_code.labels(child.name).set(rc)
+            changed = True
+            recent = [t for t in child.restart_times if now - t < launch.restart_window_s]
+            if len(recent) >= launch.restart_budget:
+                self.write_state()
+                return (
+                    f"failed: {child.name} exited with {rc}; restart budget spent "
+                    f"({len(recent)} restarts within launch.restart_window_s={launch.restart_window_s:.0f}s, "
+                    f"launch.restart_budget={launch.restart_budget})"
+                )
+            delay = min(launch.backoff_s * 2 ** len(recent), launch.backoff_max_s)
+            child.restart_at = now + delay
+            print(
+                f"[launch] {child.name} (pid {child.process.pid}) exited with {rc}; restarting in {delay:.1f}s "
+                f"(restart {child.restarts + 1}, {len(recent)} within {launch.restart_window_s:.0f}s)",
+                flush=True,
+            )
+        if changed:
+            self.write_state()
+        return None
+
+    def _restart(self, child: Child, now: float) -> None:
+        child.process = self._spawn(child.spec)
+        child.restart_at = None
+        child.restarts += 1
+        child.restart_times.append(now)
+        self.metrics.restarts.labels(child.name).inc()
+        self.metrics.role_up.labels(child.name).set(1)
+        print(f"[launch] restarted {child.name} (pid {child.process.pid}), restart {child.restarts}", flush=True)
+
+    def write_state(self) -> None:
+        if not self.publish:
+            return
+        m = self.cfg.metrics
+        roles = [
+            {
+                "name": c.name,
+                "kind": c.spec.kind,
+                "index": c.spec.index,
+                "pid": c.process.pid,
+                "up": c.restart_at is None and c.process.poll() is None,
+                "restarts": c.restarts,
+                "last_exit": c.last_exit,
+                "metrics": f"{m.host}:{m.port(c.spec.kind, c.spec.index)}",
+                "log": str(c.log_path),
+            }
+            for c in self.children
+        ]
+        launcher_target = f"{m.host}:{m.port('launch')}"
+        run_dir = Path(self.cfg.run_dir)
+        write_json(run_dir / TARGETS_FILE, scrape_targets(roles, launcher_target))
+        write_json(
+            run_dir / STATE_FILE,
+            {"launcher_pid": os.getpid(), "metrics": launcher_target, "roles": {r["name"]: r for r in roles}},
+        )
+
+    def restarts(self) -> dict[str, int]:
+        return {c.name: c.restarts for c in self.children}
 
     def progress(self) -> dict[str, float]:
         m, host = self.cfg.metrics, self.cfg.metrics.host
@@ -101,21 +233,15 @@ class Launcher:
         }
 
     def wait(self) -> str:
-        """Block until the learner exits ('done'), a process dies ('failed: ...') or time runs out."""
-        learner = self.children[-1]
+        """Supervise until the learner exits 0 ('done'), a role spends its restart budget or time
+        runs out ('failed: ...')."""
         deadline = time.monotonic() + self.cfg.launch.timeout_s
         t0 = time.monotonic()
         next_report = t0
         while True:
-            if learner.process.poll() is not None:
-                return (
-                    "done"
-                    if learner.process.returncode == 0
-                    else f"failed: learner exited with {learner.process.returncode}"
-                )
-            for child in self.children[:-1]:
-                if child.process.poll() is not None:
-                    return f"failed: {child.name} exited with {child.process.returncode}"
+            outcome = self.supervise(time.monotonic())
+            if outcome is not None:
+                return outcome
             if time.monotonic() > deadline:
                 return f"failed: timeout after {self.cfg.launch.timeout_s:.0f}s"
             if time.monotonic() >= next_report:
@@ -123,11 +249,12 @@ class Launcher:
                 print(
                     f"[launch] {time.monotonic() - t0:6.0f}s  servers ready {p['servers_ready']:.0f}, versions {p['server_versions']}  "
                     f"episodes {p['episodes']:.0f}  learner steps {p['learner_steps']:.0f}/{self.cfg.learner.total_steps}  "
-                    f"memory entries {p['memory_entries']:.0f}  tokens generated {p['generated_tokens']:.0f}",
+                    f"memory entries {p['memory_entries']:.0f}  tokens generated {p['generated_tokens']:.0f}  "
+                    f"restarts {sum(self.restarts().values())}",
                     flush=True,
                 )
                 next_report += self.cfg.launch.progress_every_s
-            time.sleep(1.0)
+            time.sleep(0.5)
 
     def stop(self) -> None:
         for child in reversed(self.children):
@@ -138,6 +265,9 @@ class Launcher:
             wait_group(child.process, deadline)
             signal_group(child.process, signal.SIGKILL)  # what is left of the group after the grace period
             child.process.wait()
+            self.metrics.role_up.labels(child.name).set(0)
+        self.write_state()
+        self.metrics.close()
 
 
 def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> int:
@@ -146,7 +276,7 @@ def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> in
     t0 = time.time()
     print(f"[launch] run dir {cfg.run_dir}; preparing model {cfg.model.name}", flush=True)
     print(f"[launch] model at {resolve_model(cfg.model.name, cfg.model.cache_dir or None)}", flush=True)
-    launcher = Launcher(cfg, [*argv, f"run_dir={cfg.run_dir}"])  # children share one (resolved) run dir
+    launcher = Launcher(cfg, [*argv, f"run_dir={cfg.run_dir}"], publish=True)  # children share one (resolved) run dir
     outcome = "failed: interrupted"
     interrupt_on_sigterm()  # `kill`, systemd and test clean-ups stop the roles too, not only Ctrl-C
     try:
@@ -181,6 +311,7 @@ def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> in
         if history
         else None,
         "final_checkpoint": learner.get("final_checkpoint"),
+        "restarts": launcher.restarts(),
         "logs": str(launcher.log_dir),
         "run_dir": cfg.run_dir,
     }

@@ -31,7 +31,7 @@ from actors.env_actor import EnvWorker
 from common.logs import setup_logging
 from common.model_prep import resolve_model
 from common.process import exit_on_sigterm
-from deploy.launch import Launcher, role_commands
+from deploy.launch import Launcher, RoleSpec, role_commands
 from deploy.monitor import scrape, total
 from pipeline.cli import role_config
 from pipeline.config import PipelineConfig
@@ -56,8 +56,8 @@ class TaskResult:
     reflection_stored: list[bool] = field(default_factory=list)
 
 
-def tta_roles(cfg: PipelineConfig) -> list[tuple[str, list[str]]]:
-    return [(name, argv) for name, argv in role_commands(cfg) if name.startswith(TTA_ROLES)]
+def tta_roles(cfg: PipelineConfig) -> list[RoleSpec]:
+    return [r for r in role_commands(cfg) if r.name.startswith(TTA_ROLES)]
 
 
 def wait_for_servers(worker: EnvWorker, launcher: Launcher) -> None:

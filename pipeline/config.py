@@ -62,6 +62,7 @@ METRICS_PORTS = {
     "memory_service": (101, 1),  # base + 101
     "learner": (200, 100),  # torchrun rank r: base + 200 + r, r < 100
     "env_actor": (300, 700),  # actor j: base + 300 + j, j < 700
+    "launch": (102, 1),  # base + 102: the supervising launcher (restarts, roles up)
 }
 METRICS_PORT_SPAN = 1000  # base_port .. base_port + 999
 
@@ -70,7 +71,7 @@ METRICS_PORT_SPAN = 1000  # base_port .. base_port + 999
 class MetricsConfig:
     """Prometheus /metrics, one port per process (METRICS_PORTS): with the default base 9100,
     policy server i on 9100+i, replay buffer 9200, memory service 9201, learner rank r on
-    9300+r, env actor j on 9400+j."""
+    9300+r, env actor j on 9400+j, the launcher (empo2-run) on 9202."""
 
     host: str = "127.0.0.1"
     base_port: int = 9100
@@ -398,6 +399,10 @@ def validate(cfg: PipelineConfig) -> None:
     # launcher and evaluation
     at_least("launch.num_env_actors", cfg.launch.num_env_actors, 1)
     check(cfg.launch.timeout_s > 0, "launch.timeout_s", "must be > 0")
+    at_least("launch.restart_budget", cfg.launch.restart_budget, 0)
+    check(cfg.launch.restart_window_s > 0, "launch.restart_window_s", "must be > 0")
+    at_least("launch.backoff_s", cfg.launch.backoff_s, 0)
+    at_least("launch.backoff_max_s", cfg.launch.backoff_max_s, cfg.launch.backoff_s)
     check(bool(cfg.tta.tasks), "tta.tasks", "needs at least one task")
     at_least("tta.variations", cfg.tta.variations, 1)
     at_least("tta.trials", cfg.tta.trials, 1)

@@ -303,6 +303,19 @@ class Assignment(Message):
 
 @register
 @dataclass
+class AssignmentReturn(Message):
+    """An actor stopping gracefully gives back a slot it will not finish, so the buffer hands it
+    out again at once instead of after replay_buffer.assignment_timeout_s. Env actor -> replay
+    buffer; answered with Ack (also when the slot was already filled or re-issued)."""
+
+    KIND = "assignment_return"
+    group_id: str
+    slot: int
+    actor_id: str
+
+
+@register
+@dataclass
 class Trajectory(Message):
     """A finished episode, turn by turn. Env actor -> replay buffer -> learner.
 

@@ -88,6 +88,14 @@ class ReplayBuffer:
         group.leases[0] = now
         return self._assignment(group, 0), False
 
+    def release(self, group_id: str, slot: int) -> bool:
+        """Give a leased, unfinished slot back (its actor stopped): the next assign hands it out
+        again. False if there was no such lease (the slot is filled, or the group is gone)."""
+        group = self.open.get(group_id)
+        if group is None or slot in group.trajectories:
+            return False
+        return group.leases.pop(slot, None) is not None
+
     def _assignment(self, group: Group, slot: int) -> Assignment:
         return Assignment(group.group_id, slot, group.task, group.variation, group.mode, self.rng.randrange(SEED_RANGE))
 

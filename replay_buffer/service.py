@@ -9,7 +9,7 @@ it is acknowledged, and every group served to the learner is recorded there too.
 buffer replays the log: nothing acknowledged is lost, nothing served is served twice.
 
 Socket: ROUTER bound at endpoints.replay_buffer.
-  in : Ping, AssignmentRequest (actors), Trajectory (actors), BatchRequest (learner)
+  in : Ping, AssignmentRequest (actors), AssignmentReturn (actors), Trajectory (actors), BatchRequest (learner)
   out: Pong, Assignment | Wait, Ack, Batch | Wait, ErrorReply
 
 Run: `empo2-replay-buffer [key=value ...]`.
@@ -26,7 +26,18 @@ from common.server import serve_requests
 from pipeline.cli import role_config
 from pipeline.config import PipelineConfig
 from protocol import encode
-from protocol.messages import Ack, Assignment, AssignmentRequest, Batch, BatchRequest, Ping, Pong, Trajectory, Wait
+from protocol.messages import (
+    Ack,
+    Assignment,
+    AssignmentRequest,
+    AssignmentReturn,
+    Batch,
+    BatchRequest,
+    Ping,
+    Pong,
+    Trajectory,
+    Wait,
+)
 from replay_buffer.buffer import BufferLog, ReplayBuffer
 
 log = logging.getLogger("replay_buffer")
@@ -55,6 +66,7 @@ class BufferProcess:
         self.handlers = {  # what this server answers (common/server.py: anything else is an unexpected kind)
             Ping: self.ping,
             AssignmentRequest: self.assign,
+            AssignmentReturn: self.return_assignment,
             Trajectory: self.add_trajectory,
             BatchRequest: self.batch,
         }
@@ -73,6 +85,13 @@ class BufferProcess:
         self.metrics.assignments.labels(assignment.mode).inc()
         self.metrics.reassigned.inc(int(reissued))
         return assignment
+
+    def return_assignment(self, msg: AssignmentReturn) -> Ack:
+        """A stopping actor's unfinished slot: handed out again at the next request."""
+        released = self.buffer.release(msg.group_id, msg.slot)
+        self.metrics.assignments_returned.inc(int(released))
+        log.info("%s returned %s/%d%s", msg.actor_id, msg.group_id[:8], msg.slot, "" if released else " (no lease)")
+        return Ack(ref=f"{msg.group_id}/{msg.slot}", detail="released" if released else "no lease")
 
     def add_trajectory(self, msg: Trajectory) -> Ack:
         """Persisted before the Ack; a duplicate (a re-sent upload) is acknowledged and counted."""

@@ -20,6 +20,12 @@ if ! command -v java >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null
 fi
 
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "[setup] promtool not found: installing prometheus (make monitor, the rules and monitoring tests)"
+  if [[ $(id -u) -ne 0 ]]; then echo "[setup] need root for apt-get; install Prometheus (with promtool) and rerun" >&2; exit 1; fi
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
+fi
+
 stamp="$VENV/.empo2-setup-$EMPO2_TARGET-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 if [[ ! -f "$stamp" ]]; then
   echo "[setup] installing dependencies into $VENV (target: $EMPO2_TARGET)"

@@ -8,6 +8,7 @@ deploy/monitoring/prometheus.yml's targets.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 # (title, unit, [PromQL expressions]) in rows of three
@@ -18,7 +19,13 @@ PANELS = [
     (
         "Policy version by role",
         "none",
-        ["empo2_learner_policy_version", "empo2_policy_server_policy_version", "empo2_env_actor_policy_version"],
+        [
+            "empo2_learner_policy_version",
+            "empo2_policy_server_policy_version",
+            "empo2_env_actor_policy_version",
+            "empo2_replay_buffer_policy_version",
+            "empo2_memory_service_policy_version",
+        ],
     ),
     ("Learner loss", "none", ["empo2_learner_loss"]),
     (
@@ -110,7 +117,150 @@ PANELS = [
     ("Learning rate", "none", ["empo2_learner_lr"]),
     ("Weight push: engine part (last)", "s", ["empo2_learner_weight_push_engine_seconds"]),
     ("Generations rerun at updates / s", "ops", ["sum(rate(empo2_policy_server_requests_retried_total[5m]))"]),
+    # operations: the processes themselves (the launcher's supervision, deploy/launch.py)
+    ("Roles up (scrape)", "none", ['up{job=~"empo2_.*"}', "empo2_launch_role_up"]),
+    ("Role restarts", "none", ["empo2_launch_restarts_total"]),
+    (
+        "Messages / s by role",
+        "ops",
+        ['sum by (job, kind) (rate({__name__=~"empo2_.*_messages_(received|sent)_total"}[1m]))'],
+    ),
+    ("Errors / s by role", "ops", ['sum by (job, where) (rate({__name__=~"empo2_.*_errors_total"}[1m]))']),
+    (
+        "Learner tokens / samples per s",
+        "ops",
+        ["sum(rate(empo2_learner_tokens_total[5m]))", "sum(rate(empo2_learner_samples_total[5m]))"],
+    ),
+    ("Policy servers ready", "none", ["empo2_policy_server_ready"]),
+    ("Prompt tokens / s", "ops", ["sum(rate(empo2_policy_server_prompt_tokens_total[1m]))"]),
+    (
+        "Generation latency (p50, p95)",
+        "s",
+        [
+            "histogram_quantile(0.5, sum by (le) (rate(empo2_policy_server_request_latency_seconds_bucket[5m])))",
+            "histogram_quantile(0.95, sum by (le) (rate(empo2_policy_server_request_latency_seconds_bucket[5m])))",
+        ],
+    ),
+    (
+        "Weight updates on the servers",
+        "none",
+        [
+            "sum(rate(empo2_policy_server_weight_updates_total[15m]))",
+            "histogram_quantile(0.5, sum by (le) (rate(empo2_policy_server_weight_update_seconds_bucket[15m])))",
+            "sum(rate(empo2_policy_server_weight_update_bytes_total[15m]))",
+        ],
+    ),
+    (
+        "Env turn time (p50)",
+        "s",
+        ["histogram_quantile(0.5, sum by (le) (rate(empo2_env_actor_step_seconds_bucket[5m])))"],
+    ),
+    (
+        "Memory traffic / s",
+        "ops",
+        [
+            "sum(rate(empo2_env_actor_tips_shown_total[1m]))",
+            "rate(empo2_memory_service_retrievals_total[1m])",
+            "rate(empo2_memory_service_reflections_total[5m])",
+        ],
+    ),
+    (
+        "Reflection latency (p50)",
+        "s",
+        ["histogram_quantile(0.5, sum by (le) (rate(empo2_memory_service_reflection_seconds_bucket[15m])))"],
+    ),
+    (
+        "Memories and entries per memory",
+        "none",
+        ["empo2_memory_service_memories", "empo2_memory_service_memory_entries"],
+    ),
+    (
+        "Buffer: assignments, re-issued, returned, duplicates, groups served / s",
+        "ops",
+        [
+            "sum(rate(empo2_replay_buffer_assignments_total[5m]))",
+            "rate(empo2_replay_buffer_assignments_reissued_total[5m])",
+            "rate(empo2_replay_buffer_assignments_returned_total[5m])",
+            "rate(empo2_replay_buffer_trajectories_duplicate_total[5m])",
+            "rate(empo2_replay_buffer_groups_served_total[5m])",
+        ],
+    ),
+    (
+        "Batch staleness (p50, versions)",
+        "none",
+        ["histogram_quantile(0.5, sum by (le) (rate(empo2_replay_buffer_batch_staleness_versions_bucket[15m])))"],
+    ),
+    (
+        "Importance ratio / behaviour weight",
+        "none",
+        [
+            "empo2_learner_ratio_mean",
+            "empo2_learner_ratio_max",
+            "empo2_learner_behaviour_weight_mean",
+            "empo2_learner_behaviour_weight_capped_fraction",
+        ],
+    ),
+    (
+        "Entropy / KL / |advantage|",
+        "none",
+        ["empo2_learner_entropy_mean", "empo2_learner_kl_mean", "empo2_learner_advantage_abs_mean"],
+    ),
 ]
+
+# vLLM's engine metrics (the policy servers re-export them: common.metrics.VllmEngineMetrics)
+PANELS += [
+    ("vLLM requests running / waiting", "none", ["vllm:num_requests_running", "vllm:num_requests_waiting"]),
+    ("vLLM KV-cache use", "percentunit", ["vllm:kv_cache_usage_perc"]),
+    (
+        "vLLM prompt / generation tokens per s",
+        "ops",
+        ["sum(rate(vllm:prompt_tokens_total[1m]))", "sum(rate(vllm:generation_tokens_total[1m]))"],
+    ),
+    (
+        "vLLM time to first token (p50, p95)",
+        "s",
+        [
+            "histogram_quantile(0.5, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket[5m])))",
+            "histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket[5m])))",
+        ],
+    ),
+]
+
+# Exported metric families deliberately not on the board, and why (the dashboard test checks that
+# every family the roles export is on a panel or here).
+NOT_ON_DASHBOARD = {
+    "empo2_memory_service_reflection_batch_size": "a batching diagnostic, read in benchmarks",
+    "empo2_memory_service_embedding_batch_size": "a batching diagnostic, read in benchmarks",
+    "empo2_launch_last_exit_code": "a last value, shown by empo2-status",
+}
+# ...and by pattern: vLLM's own families beyond the panels above (its documentation lists them;
+# which ones exist depends on the vLLM version and its features, e.g. speculative decoding)
+NOT_ON_DASHBOARD_PATTERNS = {r"vllm:.*": "vLLM's further engine metrics, scraped for ad-hoc queries"}
+
+
+def panel_metric_names(expr: str) -> tuple[set[str], list[str]]:
+    """The metric names a PromQL expression reads, and its `__name__=~` regexes (label values and
+    recording-rule names, which hold a colon, are not metric names)."""
+    regexes = re.findall(r'__name__=~"([^"]*)"', expr)
+    names = set(re.findall(r"\b(?:empo2_[a-z_]+|vllm:[a-z_:]+)\b", re.sub(r'"[^"]*"', "", expr)))
+    return names, regexes
+
+
+def uncovered(families: dict[str, list[str]]) -> set[str]:
+    """The families (name -> its sample names) that no panel reads and NOT_ON_DASHBOARD does not list."""
+    names, regexes = set(), []
+    for _, _, exprs in PANELS:
+        for expr in exprs:
+            n, r = panel_metric_names(expr)
+            names |= n
+            regexes += r
+    return {
+        family
+        for family, samples in families.items()
+        if family not in NOT_ON_DASHBOARD
+        and not any(re.fullmatch(p, family) for p in NOT_ON_DASHBOARD_PATTERNS)
+        and not any(s in names or any(re.fullmatch(r, s) for r in regexes) for s in samples)
+    }
 
 
 def dashboard() -> dict:

@@ -275,3 +275,19 @@ def test_the_demonstration_can_be_cut_or_left_out():
     )
     assert prompts.contexts[0].demonstration.actions == ["open door"]
     assert prompts.contexts[1].demonstration is None
+
+
+def test_a_stopping_actor_returns_its_unfinished_slot(stub_server, servers):
+    """EnvActor.close (a graceful stop) gives the slot its worker was playing back to the buffer."""
+    from protocol.messages import Ack, AssignmentReturn
+
+    buffer = stub_server(lambda msg: Ack(ref="returned"))
+    policy, memory, _ = servers
+    actor = EnvActor(_cfg((policy, memory, buffer.endpoint)))
+    playing = _assignment(ON_POLICY)
+    actor.workers[0].playing = playing
+    actor.close()
+    assert buffer.received == [AssignmentReturn(group_id=playing.group_id, slot=0, actor_id="actor0")]
+    assert actor.workers[0].playing is None
+    actor.close()  # nothing left to return: no second message
+    assert len(buffer.received) == 1

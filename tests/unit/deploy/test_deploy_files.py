@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 import shutil
@@ -11,26 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.metrics import (
-    EnvActorMetrics,
-    LearnerMetrics,
-    MemoryServiceMetrics,
-    PolicyServerMetrics,
-    ReplayBufferMetrics,
-)
-from deploy.monitoring.make_dashboard import dashboard
-from pipeline.config import MetricsConfig
+from common.metrics import exported_families, exported_sample_names
+from deploy.monitoring.make_dashboard import NOT_ON_DASHBOARD, dashboard, uncovered
+from pipeline.cli import COMMANDS
+from pipeline.config import ConfigError, MetricsConfig, load_config
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
-
-
-def _metric_names() -> set[str]:
-    names = set()
-    for cls in (EnvActorMetrics, LearnerMetrics, MemoryServiceMetrics, PolicyServerMetrics, ReplayBufferMetrics):
-        for family in cls().registry.collect():  # labelled families have no samples yet: use types
-            suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(family.type, [""])
-            names |= {family.name + suffix for suffix in suffixes}
-    return names
 
 
 def test_prometheus_targets_use_the_configured_ports():
@@ -47,13 +34,19 @@ def test_prometheus_targets_use_the_configured_ports():
 def test_dashboard_is_generated_and_uses_only_exported_metrics():
     committed = json.loads((DEPLOY / "monitoring" / "grafana-dashboard.json").read_text())
     assert committed == dashboard(), "run: python deploy/monitoring/make_dashboard.py"
-    exported = _metric_names()
+    exported = exported_sample_names()
     for panel in committed["panels"]:
         for target in panel["targets"]:
             for name in re.findall(r"\bempo2_[a-z_]+\b", target["expr"]):
                 if name.endswith("_"):  # a regex prefix such as empo2_.*_messages_rejected_total
                     continue
                 assert name in exported, f"panel {panel['title']!r} uses unknown metric {name}"
+
+
+def test_every_exported_family_is_on_a_panel_or_deliberately_left_off():
+    families = exported_families()
+    assert uncovered(families) == set()
+    assert set(NOT_ON_DASHBOARD) <= set(families)  # the list names real families, not stale ones
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
@@ -68,3 +61,45 @@ def test_systemd_units_verify(tmp_path):
     units = [str(p) for p in tmp_path.iterdir() if "@." not in p.name]
     result = subprocess.run(["systemd-analyze", "verify", *units], capture_output=True, text=True)
     assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+
+
+def test_grafana_provisioning_points_at_the_dashboard_and_a_prometheus():
+    provisioning = DEPLOY / "monitoring" / "grafana" / "provisioning"
+    (source,) = yaml.safe_load((provisioning / "datasources" / "empo2.yml").read_text())["datasources"]
+    assert source["type"] == "prometheus" and source["url"].startswith("http://127.0.0.1:")
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "empo2.yml").read_text())["providers"]
+    path = Path(provider["options"]["path"].replace("/opt/empo2", str(DEPLOY.parent)))  # install.sh's prefix
+    assert (path / "grafana-dashboard.json").exists()
+    assert json.loads((path / "grafana-dashboard.json").read_text())["templating"]["list"][0]["query"] == "prometheus"
+
+
+def _env_file_args() -> list[str]:
+    """EMPO2_ARGS of the example environment file, split as systemd splits an unbraced $VAR."""
+    for line in (DEPLOY / "systemd" / "empo2.env.example").read_text().splitlines():
+        if line.startswith("EMPO2_ARGS="):
+            return line.removeprefix("EMPO2_ARGS=").split()
+    raise AssertionError("empo2.env.example sets no EMPO2_ARGS")
+
+
+def test_each_unit_starts_an_installed_entry_point_with_arguments_load_config_accepts():
+    pyproject = (DEPLOY.parent / "pyproject.toml").read_text()
+    installed = {e.name: e.value for e in importlib.metadata.entry_points(group="console_scripts")}
+    units = sorted((DEPLOY / "systemd").glob("*.service"))
+    assert len(units) == 5
+    for unit in units:
+        (exec_start,) = [line for line in unit.read_text().splitlines() if line.startswith("ExecStart=")]
+        binary, *args = exec_start.removeprefix("ExecStart=").split()
+        command = Path(binary).name
+        assert binary == f"/opt/empo2/.venv/bin/{command}", unit.name  # install.sh rewrites the prefix
+        entry = installed.get(command, "")
+        assert f'{command} = "{entry}"' in pyproject, f"{unit.name}: {command} is not an installed [project.scripts]"
+        assert entry.startswith("pipeline.cli:") and command in COMMANDS  # it loads the config first
+        args = [a for a in args if a != "$EMPO2_ARGS"] + _env_file_args()
+        # an instance, as `systemctl start empo2-env-actor@3`; the example env file lists one policy server
+        instance = 0 if "policy-server" in unit.name else 3
+        cfg = load_config([a.replace("%i", str(instance)) for a in args])
+        if "@" in unit.name:
+            kind = unit.name.split("@")[0].removeprefix("empo2-").replace("-", "_")
+            assert getattr(cfg, kind).index == instance
+    with pytest.raises(ConfigError):  # and the same arguments with a bad one are refused at load
+        load_config([*_env_file_args(), "env_actor.index=-1"])

@@ -167,6 +167,20 @@ def test_filled_slots_are_never_reissued():
     assert buffer.assign(100.0) == (None, False)
 
 
+def test_a_returned_slot_is_handed_out_again_at_once():
+    buffer = make_buffer(group_size=2, max_open_groups=1, assignment_timeout_s=10.0)
+    first, _ = buffer.assign(0.0)
+    second, _ = buffer.assign(0.0)
+    assert buffer.assign(1.0) == (None, False)
+    assert buffer.release(second.group_id, second.slot)
+    again, reissued = buffer.assign(1.0)  # long before the lease timeout, and not counted as a re-issue
+    assert (again.group_id, again.slot, reissued) == (second.group_id, 1, False)
+    assert buffer.add(traj_for(first))
+    assert not buffer.release(first.group_id, first.slot)  # filled: nothing to give back
+    assert not buffer.release("no-such-group", 0)
+    assert buffer.assign(1.0) == (None, False)
+
+
 # ------------------------------------------------------------------------------ mode draw
 
 
@@ -524,7 +538,7 @@ def test_buffer_process_answers_its_message_types_and_refuses_others(tmp_path):
     trajectory persisted before its Ack); a type the buffer does not serve gets unexpected_kind."""
     from common.server import dispatch
     from pipeline.config import load_config
-    from protocol.messages import Ack, AssignmentRequest, ErrorReply, MemoryQuery, Ping, Pong
+    from protocol.messages import Ack, AssignmentRequest, AssignmentReturn, ErrorReply, MemoryQuery, Ping, Pong
     from replay_buffer.service import BufferProcess
 
     cfg = load_config([f"run_dir={tmp_path}", "replay_buffer.tasks=[boil]", "replay_buffer.group_size=2"])
@@ -538,6 +552,13 @@ def test_buffer_process_answers_its_message_types_and_refuses_others(tmp_path):
         traj = make_traj(assignment.group_id, assignment.slot, mode=assignment.mode, task="boil", variation=4)
         traj.score, traj.success = 90.0, True  # a solved episode: counted, and kept in the record
         assert dispatch(process.handlers, traj, process.metrics) == Ack(ref=traj.episode_id)
+        returned = AssignmentReturn(group_id=assignment.group_id, slot=1, actor_id="a")
+        assert dispatch(process.handlers, returned, process.metrics).detail == "no lease"  # slot 1 never handed out
+        other = dispatch(process.handlers, AssignmentRequest(actor_id="b"), process.metrics)
+        returned = AssignmentReturn(group_id=other.group_id, slot=other.slot, actor_id="b")
+        assert dispatch(process.handlers, returned, process.metrics) == Ack(
+            ref=f"{other.group_id}/1", detail="released"
+        )
         query = MemoryQuery(task="boil", variation=4, state="s")
         reply = dispatch(process.handlers, query, process.metrics)
         assert isinstance(reply, ErrorReply) and reply.reason == "unexpected_kind"
@@ -545,6 +566,7 @@ def test_buffer_process_answers_its_message_types_and_refuses_others(tmp_path):
         assert sample("empo2_replay_buffer_messages_rejected_total", {"reason": "unexpected_kind"}) == 1
         assert sample("empo2_replay_buffer_trajectories_accepted_total", {"mode": assignment.mode}) == 1
         assert sample("empo2_replay_buffer_trajectories_success_total", {"mode": assignment.mode}) == 1
+        assert sample("empo2_replay_buffer_assignments_returned_total") == 1
     finally:
         process.log.file.close()
     replayed = ReplayBuffer(cfg.replay_buffer, {"boil": [4]}, cfg.seed)

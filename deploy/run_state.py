@@ -1,0 +1,77 @@
+"""What a running launcher publishes in its run directory, and the small API built on it.
+
+    <run_dir>/launch/state.json       every supervised role: pid, up, restarts, last exit, metrics
+                                      target, log file (rewritten on every start, exit and restart)
+    <run_dir>/prometheus/targets.json Prometheus file-based service discovery: one target per role
+                                      the launcher runs (and the launcher itself), so a scrape
+                                      follows the processes without editing a file
+
+Both files are written atomically (write + rename): a reader never sees half a file. Tests,
+`empo2-status` and the fault-matrix checks read them: kill_role() sends a signal to one role's
+process the way a crash would (its leader only), wait_for_role() waits for the supervisor to have
+brought it back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+STATE_FILE = Path("launch") / "state.json"
+TARGETS_FILE = Path("prometheus") / "targets.json"
+
+
+def write_json(path: Path, obj: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def read_state(run_dir: str | Path) -> dict:
+    """The launcher's state: {"launcher_pid", "metrics", "roles": {name: {...}}}; {} before it wrote one."""
+    try:
+        return json.loads((Path(run_dir) / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def scrape_targets(roles: list[dict], launcher_target: str) -> list[dict]:
+    """File-SD entries: job empo2_<role kind> (as the static prometheus.yml names them), label
+    `role` the process's name (env_actor1), plus the launcher's own endpoint."""
+    entries = [{"targets": [r["metrics"]], "labels": {"job": f"empo2_{r['kind']}", "role": r["name"]}} for r in roles]
+    entries.append({"targets": [launcher_target], "labels": {"job": "empo2_launch", "role": "launch"}})
+    return entries
+
+
+def kill_role(run_dir: str | Path, name: str, sig: int = signal.SIGKILL) -> int:
+    """Signal the running process of role `name` (its main process only, as a crash would leave
+    its helpers behind; the supervisor clears them); returns the pid signalled."""
+    role = read_state(run_dir).get("roles", {}).get(name)
+    if not role or not role.get("up"):
+        raise LookupError(f"{name} is not running in {run_dir}: {role}")
+    os.kill(role["pid"], sig)
+    return role["pid"]
+
+
+def wait_for_role(run_dir: str | Path, name: str, restarts: int, timeout_s: float, alive=lambda: True) -> dict:
+    """Wait until role `name` has been restarted at least `restarts` times and runs again; its
+    state entry. `alive()` false (e.g. the launcher ended) or the timeout raises with the state."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        role = read_state(run_dir).get("roles", {}).get(name, {})
+        if role.get("restarts", 0) >= restarts and role.get("up"):
+            return role
+        if not alive() or time.monotonic() > deadline:
+            raise TimeoutError(f"{name} not back after {restarts} restarts: {role}")
+        time.sleep(0.5)
+
+
+def newest_run(runs: Path = Path("runs")) -> Path | None:
+    """The run directory under `runs` whose launcher wrote its state last (conf/pipeline.yaml
+    names a new one per run), or None."""
+    states = sorted(runs.glob(f"*/{STATE_FILE}"), key=lambda p: p.stat().st_mtime)
+    return states[-1].parent.parent if states else None

@@ -1,0 +1,158 @@
+"""empo2-status: one screen on a running pipeline, from the roles' own metrics endpoints.
+
+    empo2-status [RUN_DIR] [--json] [--interval S] [key=value ...]
+
+Per role: up or down, restarts and last exit (from the launcher's <run_dir>/launch/state.json),
+policy version, errors, and the last ERROR line of its log; for the run: episodes/s, env steps/s,
+generated and learner tokens/s (two scrapes `--interval` seconds apart), learner step and mean
+time per step, buffer depth (complete groups ready), staleness, memory entries and hits per
+retrieval. RUN_DIR defaults to the newest run under runs/. Without a launcher state (roles run by
+systemd) the roles and ports come from the configuration: the `key=value` overrides, as the
+units' EMPO2_ARGS. `--json` prints the same as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from deploy.monitor import scrape, total
+from deploy.run_state import newest_run, read_state
+
+# counters whose rates the status shows: (label, role kind, metric)
+RATES = [
+    ("episodes/s", "replay_buffer", "empo2_replay_buffer_trajectories_accepted_total"),
+    ("env steps/s", "env_actor", "empo2_env_actor_env_steps_total"),
+    ("generated tokens/s", "policy_server", "empo2_policy_server_generated_tokens_total"),
+    ("learner tokens/s", "learner", "empo2_learner_tokens_total"),
+]
+
+
+def roles_from_config(overrides: list[str]) -> list[dict]:
+    """The roles a configuration runs, with their metrics endpoints (no launcher state)."""
+    from deploy.launch import role_commands
+    from pipeline.config import load_config
+
+    cfg = load_config(overrides)
+    m = cfg.metrics
+    return [
+        {"name": r.name, "kind": r.kind, "metrics": f"{m.host}:{m.port(r.kind, r.index)}", "log": None}
+        for r in role_commands(cfg)
+    ]
+
+
+def last_error(log: str | None, lines: int = 400) -> str | None:
+    """The last ERROR or Traceback line of a role's log (common/logs.py's format), if any."""
+    if not log:
+        return None
+    try:
+        tail = Path(log).read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return None
+    errors = [line for line in tail if " ERROR " in line or line.startswith(("Traceback", "RuntimeError"))]
+    return errors[-1][:200] if errors else None
+
+
+def _scrape(roles: list[dict]) -> dict[str, dict[str, float]]:
+    out = {}
+    for r in roles:
+        host, port = r["metrics"].rsplit(":", 1)
+        out[r["name"]] = scrape(host, int(port), timeout_s=1.0)
+    return out
+
+
+def status(roles: list[dict], interval_s: float) -> dict:
+    first = _scrape(roles)
+    t0 = time.monotonic()
+    time.sleep(interval_s)
+    second = _scrape(roles)
+    dt = time.monotonic() - t0
+    kinds = {r["name"]: r["kind"] for r in roles}
+    per_role = {}
+    for r in roles:
+        s = second[r["name"]]
+        errors = {k.split('where="')[1].rstrip('"}'): v for k, v in s.items() if "_errors_total{" in k and v}
+        per_role[r["name"]] = {
+            "up": bool(s),
+            "restarts": r.get("restarts", 0),
+            "last_exit": r.get("last_exit"),
+            "policy_version": next((v for k, v in s.items() if k.endswith("_policy_version")), None),
+            "errors": errors,
+            "last_error": last_error(r.get("log")),
+        }
+
+    def summed(samples: dict[str, dict[str, float]], kind: str, metric: str) -> float:
+        return sum(total(v, metric) for name, v in samples.items() if kinds[name] == kind)
+
+    rates = {}
+    for label, kind, metric in RATES:
+        # a role that restarted between the scrapes starts its counters again: no negative rates
+        rates[label] = round(max(summed(second, kind, metric) - summed(first, kind, metric), 0.0) / dt, 3)
+    steps = summed(second, "learner", "empo2_learner_steps_total")
+    step_count = summed(second, "learner", "empo2_learner_step_seconds_count")
+    hits, queries = (
+        summed(second, "memory_service", "empo2_memory_service_retrieval_hits_sum"),
+        summed(second, "memory_service", "empo2_memory_service_retrieval_hits_count"),
+    )
+    return {
+        "roles": per_role,
+        "rates": rates,
+        "learner_step": steps,
+        "seconds_per_step": round(summed(second, "learner", "empo2_learner_step_seconds_sum") / step_count, 1)
+        if step_count
+        else None,
+        "buffer_groups_ready": summed(second, "replay_buffer", "empo2_replay_buffer_groups_ready"),
+        "staleness_mean_versions": summed(second, "learner", "empo2_learner_staleness_mean_versions"),
+        "memory_entries": summed(second, "memory_service", "empo2_memory_service_entries"),
+        "memory_hits_per_query": round(hits / queries, 2) if queries else None,
+        "memory_fallbacks": summed(second, "env_actor", "empo2_env_actor_memory_fallbacks_total"),
+    }
+
+
+def render(report: dict, source: str) -> str:
+    lines = [f"EMPO2 status ({source})", ""]
+    lines.append(f"{'role':<16} {'state':<6} {'restarts':>8} {'last exit':>9} {'version':>7}  errors / last error")
+    for name, r in report["roles"].items():
+        version = "-" if r["policy_version"] is None else f"{r['policy_version']:.0f}"
+        last_exit = "-" if r["last_exit"] is None else str(r["last_exit"])
+        errors = ", ".join(f"{k} {v:.0f}" for k, v in r["errors"].items())
+        detail = "  ".join(x for x in (errors, r["last_error"] or "") if x)
+        state = "up" if r["up"] else "DOWN"
+        lines.append(f"{name:<16} {state:<6} {r['restarts']:>8} {last_exit:>9} {version:>7}  {detail}")
+    lines.append("")
+    lines.append("  ".join(f"{k} {v:g}" for k, v in report["rates"].items()))
+    per_step = report["seconds_per_step"]
+    lines.append(
+        f"learner step {report['learner_step']:.0f} ({'-' if per_step is None else per_step} s/step)  "
+        f"buffer groups ready {report['buffer_groups_ready']:.0f}  staleness {report['staleness_mean_versions']:.2f}  "
+        f"memory entries {report['memory_entries']:.0f}, hits/query {report['memory_hits_per_query']}, "
+        f"fallbacks {report['memory_fallbacks']:.0f}"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="empo2-status", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", nargs="?", type=Path, help="default: the newest run under runs/")
+    parser.add_argument("overrides", nargs="*", help="config overrides (key=value) when there is no launcher state")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between the two scrapes (rates)")
+    args = parser.parse_args(argv)
+    if args.run_dir is not None and "=" in str(args.run_dir):  # only overrides were given
+        args.overrides, args.run_dir = [str(args.run_dir), *args.overrides], None
+    run_dir = args.run_dir or newest_run()
+    state = read_state(run_dir) if run_dir else {}
+    if state:
+        roles, source = list(state["roles"].values()), f"launcher state {run_dir / 'launch' / 'state.json'}"
+    else:
+        roles, source = roles_from_config(args.overrides), "configured ports (no launcher state)"
+    report = status(roles, args.interval)
+    print(json.dumps({"source": source, **report}, indent=1) if args.json else render(report, source))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Operations, for real, on one pipeline run shared by the tests of this module (in order): the
+launcher (profile=e2e, its short episodes and 2 learner steps) supervises all roles, and a real
+Prometheus (Debian's package) scrapes them through the launcher's file-based discovery with the
+rules of deploy/monitoring/rules.yml.
+
+  - every role's target is up in Prometheus
+  - an env actor killed with SIGKILL: the role-down alert fires for it, the launcher restarts it
+    (empo2_launch_restarts_total in Prometheus), the targets follow the new process
+  - the replay buffer killed with SIGKILL comes back (replaying its log)
+  - the recording rules give non-zero throughput: episodes, env steps, generated and learner tokens
+  - the policy server exports vLLM's engine metrics on its port
+  - every dashboard panel reads only metrics the live scrape exports, and every exported family
+    is on a panel or deliberately left off (deploy/monitoring/make_dashboard.py)
+  - the run still reaches its step target, the summary counts the restarts, nothing is left running
+
+The alerts' `for:` durations are set to 0s in this test's copy of the rules (the durations
+themselves are promtool-tested, tests/unit/deploy/test_rules.py); scrape and evaluation every 1s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from common.process import spawn_role, stop_group
+from deploy.monitor import scrape, total
+from deploy.monitoring.make_dashboard import PANELS, panel_metric_names, uncovered
+from deploy.prometheus import RULES, start_prometheus, wait_ready
+from deploy.run_state import kill_role, read_state, wait_for_role
+from pipeline.config import load_config
+from tests.integration.conftest import REPO
+
+pytestmark = pytest.mark.e2e
+BASE = (
+    33100  # metrics.base_port: servers 33100, buffer 33200, memory 33201, launcher 33202, learner 33300, actors 33400..
+)
+PROMETHEUS = "127.0.0.1:35990"
+OVERRIDES = [
+    "profile=e2e",
+    "endpoints.policy_servers=[tcp://127.0.0.1:35550]",
+    "endpoints.replay_buffer=tcp://127.0.0.1:35560",
+    "endpoints.memory_service=tcp://127.0.0.1:35570",
+    f"metrics.base_port={BASE}",
+    "launch.progress_every_s=10",
+    "launch.backoff_s=3",
+    "learner.checkpoint_every=1",  # a restarted learner resumes from its last step
+]
+ROLES = ["policy_server0", "memory_service", "replay_buffer", "env_actor0", "env_actor1", "learner"]
+TIMEOUT_S = 1500
+
+
+def _api(path: str, **params) -> dict:
+    url = f"http://{PROMETHEUS}/api/v1/{path}" + ("?" + urllib.parse.urlencode(params) if params else "")
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        body = json.loads(resp.read())
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def _value(expr: str) -> float:
+    result = _api("query", query=expr)["result"]
+    return sum(float(r["value"][1]) for r in result)
+
+
+class Run:
+    def __init__(self, run_dir: Path):
+        self.run_dir, self.cfg = run_dir, load_config([*OVERRIDES, f"run_dir={run_dir}"])
+        self.out = run_dir / "launch.out"
+        rules = run_dir / "rules.yml"
+        rules.write_text(re.sub(r"for: \w+", "for: 0s", RULES.read_text()))
+        self.prometheus = start_prometheus(run_dir, PROMETHEUS, "1s", [rules], run_dir / "prometheus.log")
+        self.launcher = spawn_role("deploy.launch", [*OVERRIDES, f"run_dir={run_dir}"], self.out, cwd=REPO)
+        self.deadline = time.monotonic() + TIMEOUT_S
+
+    def alive(self) -> bool:
+        return self.launcher.poll() is None
+
+    def wait_for(self, what: str, condition, poll_s: float = 1.0):
+        while True:
+            value = condition()
+            if value:
+                return value
+            assert self.alive(), f"launcher ended while waiting for {what}:\n" + self.out.read_text()[-5000:]
+            assert time.monotonic() < self.deadline, f"timed out waiting for {what}:\n" + self.out.read_text()[-3000:]
+            time.sleep(poll_s)
+
+    def targets(self) -> dict[str, dict]:
+        return {t["labels"].get("role"): t for t in _api("targets", state="active")["activeTargets"]}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    run = Run(tmp_path_factory.mktemp("operations"))
+    try:
+        wait_ready(PROMETHEUS, 60, run.prometheus)
+        yield run
+    finally:
+        if run.alive():
+            os.killpg(run.launcher.pid, signal.SIGTERM)
+            run.launcher.wait(timeout=120)
+        stop_group(run.prometheus, grace_s=10)
+
+
+def test_every_role_is_an_up_target(run):
+    def all_up():
+        targets = run.targets()
+        return all(targets.get(r, {}).get("health") == "up" for r in [*ROLES, "launch"]) and targets
+
+    targets = run.wait_for("every target up", all_up, poll_s=2)
+    assert targets["env_actor1"]["labels"]["job"] == "empo2_env_actor"
+    assert targets["learner"]["scrapeUrl"] == f"http://127.0.0.1:{run.cfg.metrics.port('learner')}/metrics"
+
+
+def test_a_killed_env_actor_fires_the_alert_and_comes_back(run):
+    before = read_state(run.run_dir)["roles"]["env_actor0"]
+    kill_role(run.run_dir, "env_actor0", signal.SIGKILL)
+
+    def firing():
+        alerts = _api("alerts")["alerts"]
+        return [
+            a
+            for a in alerts
+            if a["labels"]["alertname"] == "EMPO2RoleDown"
+            and a["state"] == "firing"
+            and a["labels"]["role"] == "env_actor0"
+        ]
+
+    (alert,) = run.wait_for("EMPO2RoleDown for env_actor0", firing, poll_s=0.5)
+    assert alert["labels"]["job"] == "empo2_env_actor" and alert["labels"]["severity"] == "critical"
+    after = wait_for_role(run.run_dir, "env_actor0", 1, TIMEOUT_S, run.alive)
+    assert after["pid"] != before["pid"] and after["last_exit"] == -signal.SIGKILL
+    run.wait_for("the restart in Prometheus", lambda: _value('empo2_launch_restarts_total{role="env_actor0"}') == 1)
+    run.wait_for("env_actor0 up again", lambda: run.targets()["env_actor0"]["health"] == "up", poll_s=2)
+    assert "restarted env_actor0" in run.out.read_text()
+
+
+def test_a_killed_replay_buffer_comes_back(run):
+    kill_role(run.run_dir, "replay_buffer", signal.SIGKILL)
+    wait_for_role(run.run_dir, "replay_buffer", 1, TIMEOUT_S, run.alive)
+    run.wait_for("replay_buffer up again", lambda: run.targets()["replay_buffer"]["health"] == "up", poll_s=2)
+
+
+def test_the_recording_rules_give_throughput(run):
+    for rule in ("empo2:episodes:rate1m", "empo2:env_steps:rate1m", "empo2:generated_tokens:rate1m"):
+        run.wait_for(rule, lambda rule=rule: _value(rule) > 0)
+    run.wait_for("empo2:learner_tokens:rate5m", lambda: _value("empo2:learner_tokens:rate5m") > 0, poll_s=3)
+
+
+def test_the_dashboard_matches_the_live_scrape(run):
+    families: dict[str, list[str]] = {}
+    for target in run.targets().values():
+        with urllib.request.urlopen(target["scrapeUrl"], timeout=5) as resp:
+            for family in text_string_to_metric_families(resp.read().decode()):
+                suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(family.type, [""])
+                families[family.name] = [family.name + s for s in suffixes]
+    live = {s for samples in families.values() for s in samples} | {"up"}
+    for title, _, exprs in PANELS:
+        for expr in exprs:
+            names, regexes = panel_metric_names(expr)
+            assert names <= live, f"panel {title!r} reads {names - live}, which no process exports"
+            for regex in regexes:
+                assert any(re.fullmatch(regex, s) for s in live), f"panel {title!r}: nothing matches {regex}"
+    assert uncovered(families) == set()
+
+
+def test_the_policy_server_exports_vllm_engine_metrics(run):
+    server = scrape(run.cfg.metrics.host, run.cfg.metrics.port("policy_server", 0))
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert total(server, name) >= 0 and any(k.startswith(name) for k in server), name
+    for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_count"):
+        assert total(server, name) > 0, name
+    assert _value("sum(max_over_time(vllm:generation_tokens_total[30m]))") > 0  # and Prometheus has them
+
+
+def test_the_run_reaches_its_step_target(run):
+    rc = run.launcher.wait(timeout=max(run.deadline - time.monotonic(), 1))
+    output = run.out.read_text()
+    assert rc == 0, output[-6000:]
+    summary = json.loads((run.run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "done"
+    assert summary["policy_version"] == run.cfg.learner.total_steps
+    assert summary["restarts"]["env_actor0"] >= 1 and summary["restarts"]["replay_buffer"] >= 1
+    print(json.dumps(summary, indent=1))
+    state = read_state(run.run_dir)
+    assert not [r for r in state["roles"].values() if r["up"]]
+    for role in state["roles"].values():  # every process the launcher ever started is gone
+        with pytest.raises(ProcessLookupError):
+            os.kill(role["pid"], 0)

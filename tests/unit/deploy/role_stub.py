@@ -1,0 +1,26 @@
+"""A stand-in role process for the launcher's unit tests (tests/unit/deploy/test_supervisor.py):
+`python -m tests.unit.deploy.role_stub [overrides ...] BEHAVIOUR`, BEHAVIOUR one of
+  exit:N          exit with status N at once
+  flaky:PATH:N    the first run (PATH absent) creates PATH and exits with N; later runs sleep
+  sleep           sleep until signalled
+  done-after:PATH the first run creates PATH and sleeps; a later run exits 0 (a learner that finishes
+                  after a restart)
+Only the last argument counts: the launcher puts its config overrides first."""
+
+import sys
+import time
+from pathlib import Path
+
+behaviour = sys.argv[-1]
+print(f"role stub {behaviour}", flush=True)
+kind, *rest = behaviour.split(":")
+if kind == "exit":
+    sys.exit(int(rest[0]))
+if kind == "flaky" and not Path(rest[0]).exists():
+    Path(rest[0]).touch()
+    sys.exit(int(rest[1]))
+if kind == "done-after":
+    if Path(rest[0]).exists():
+        sys.exit(0)
+    Path(rest[0]).touch()
+time.sleep(3600)

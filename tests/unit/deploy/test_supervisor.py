@@ -1,0 +1,115 @@
+"""The supervising launcher (deploy/launch.py) with stand-in role processes (role_stub.py): a
+crashed role comes back after its backoff, every restart is counted (state file, metric, summary),
+a role past its restart budget stops the run naming it, the learner's exit 0 ends it, and the
+state and scrape-target files follow the processes (deploy/run_state.py)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+
+from deploy.launch import Launcher, RoleSpec
+from deploy.monitor import scrape
+from deploy.run_state import TARGETS_FILE, kill_role, read_state, wait_for_role
+from pipeline.config import load_config
+
+STUB = "tests.unit.deploy.role_stub"
+BASE = 31100  # metrics.base_port of these tests: the launcher serves on 31202
+
+
+def _launcher(tmp_path, roles, *overrides) -> Launcher:
+    cfg = load_config(
+        [
+            f"run_dir={tmp_path}",
+            f"metrics.base_port={BASE}",
+            "launch.backoff_s=0.2",
+            "launch.stop_grace_s=5",
+            *overrides,
+        ]
+    )
+    return Launcher(cfg, [], roles=roles, publish=True)
+
+
+def _supervise_until(launcher: Launcher, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        outcome = launcher.supervise(time.monotonic())
+        if outcome is not None:
+            return outcome
+        time.sleep(0.05)
+    return "still running"
+
+
+@pytest.fixture
+def started():
+    launchers: list[Launcher] = []
+    yield launchers.append
+    for launcher in launchers:
+        launcher.stop()
+
+
+def test_a_crashed_role_is_restarted_and_the_learner_exit_ends_the_run(tmp_path, started):
+    roles = [
+        RoleSpec("replay_buffer", [STUB, f"flaky:{tmp_path / 'crashed'}:7"], "replay_buffer", 0),
+        RoleSpec("learner", [STUB, f"done-after:{tmp_path / 'learner-ran'}"], "learner", 0, ends_run=True),
+    ]
+    launcher = _launcher(tmp_path, roles)
+    started(launcher)
+    launcher.start()
+    buffer = wait_for_role(
+        tmp_path,
+        "replay_buffer",
+        restarts=1,
+        timeout_s=30,
+        alive=lambda: _supervise_until(launcher, 0.2) == "still running",
+    )
+    assert buffer["last_exit"] == 7 and buffer["up"]
+    assert launcher.restarts() == {"replay_buffer": 1, "learner": 0}
+    samples = scrape("127.0.0.1", BASE + 102)
+    assert samples['empo2_launch_restarts_total{role="replay_buffer"}'] == 1
+    assert samples['empo2_launch_last_exit_code{role="replay_buffer"}'] == 7
+    assert samples['empo2_launch_role_up{role="learner"}'] == 1
+
+    # a learner killed is restarted too; its next run ends the run
+    kill_role(tmp_path, "learner", signal.SIGKILL)
+    assert _supervise_until(launcher, 30) == "done"
+    assert launcher.restarts()["learner"] == 1
+    assert read_state(tmp_path)["roles"]["learner"]["last_exit"] == -signal.SIGKILL
+
+
+def test_a_role_past_its_restart_budget_stops_the_run(tmp_path, started, capsys):
+    roles = [
+        RoleSpec("env_actor0", [STUB, "exit:3"], "env_actor", 0),
+        RoleSpec("learner", [STUB, "sleep"], "learner", 0),
+    ]
+    launcher = _launcher(tmp_path, roles, "launch.restart_budget=2", "launch.backoff_max_s=0.4")
+    started(launcher)
+    launcher.start()
+    outcome = _supervise_until(launcher, 30)
+    assert outcome.startswith("failed: env_actor0 exited with 3; restart budget spent (2 restarts"), outcome
+    out = capsys.readouterr().out
+    assert "restarting in 0.2s (restart 1" in out and "restarting in 0.4s (restart 2" in out  # doubling, capped
+    assert out.count("restarted env_actor0") == 2
+
+
+def test_the_scrape_targets_follow_the_processes(tmp_path, started):
+    roles = [RoleSpec(f"env_actor{j}", [STUB, "sleep"], "env_actor", j) for j in range(2)]
+    launcher = _launcher(tmp_path, roles)
+    started(launcher)
+    launcher.start()
+    targets = json.loads((tmp_path / TARGETS_FILE).read_text())
+    assert {(t["labels"]["role"], t["labels"]["job"], t["targets"][0]) for t in targets} == {
+        ("env_actor0", "empo2_env_actor", f"127.0.0.1:{BASE + 300}"),
+        ("env_actor1", "empo2_env_actor", f"127.0.0.1:{BASE + 301}"),
+        ("launch", "empo2_launch", f"127.0.0.1:{BASE + 102}"),
+    }
+    pid = kill_role(tmp_path, "env_actor1")
+    back = wait_for_role(
+        tmp_path, "env_actor1", 1, 30, alive=lambda: _supervise_until(launcher, 0.2) == "still running"
+    )
+    assert back["pid"] != pid
+    with pytest.raises(LookupError):
+        kill_role(tmp_path, "env_actor7")
