@@ -27,6 +27,8 @@ from deploy.config import LaunchConfig
 from evaluation.config import TestTimeAdaptationConfig
 from learner.config import LearnerConfig
 from memory_service.config import MemoryServiceConfig
+from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES
+from protocol.messages import BATCH_ENVELOPE_BYTES
 from replay_buffer.config import ReplayBufferConfig
 
 
@@ -288,6 +290,14 @@ def validate(cfg: PipelineConfig) -> None:
     )
     at_least("replay_buffer.batch_poll_s", rb.batch_poll_s, 0)
     check(rb.assignment_timeout_s > 0, "replay_buffer.assignment_timeout_s", "must be > 0")
+    check(rb.batch_confirm_timeout_s > 0, "replay_buffer.batch_confirm_timeout_s", "must be > 0")
+    check(rb.group_commit_ms > 0, "replay_buffer.group_commit_ms", f"must be > 0, got {rb.group_commit_ms}")
+    largest = DEFAULT_MAX_MESSAGE_BYTES - BATCH_ENVELOPE_BYTES
+    check(
+        0 < rb.max_trajectory_bytes <= largest,
+        "replay_buffer.max_trajectory_bytes",
+        f"must be in (0, {largest}] (a Batch the learner accepts, less its envelope), got {rb.max_trajectory_bytes}",
+    )
     check(
         lr.max_staleness >= 0,
         "learner.max_staleness",
