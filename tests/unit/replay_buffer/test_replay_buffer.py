@@ -48,9 +48,10 @@ def make_traj(
     variation: int = 4,
     mode: str = ON_POLICY,
     versions: tuple[int, ...] = (5, 5),
+    prompt_len: int = 3,
 ) -> Trajectory:
-    """A valid trajectory (passes Trajectory.validate) with one 3-token prompt and 2-token
-    response per turn."""
+    """A valid trajectory (passes Trajectory.validate) with one `prompt_len`-token prompt and
+    2-token response per turn."""
     n = len(versions)
     traj = Trajectory(
         episode_id=episode_id or f"{group_id}-{slot}",
@@ -62,8 +63,8 @@ def make_traj(
         mode=mode,
         score=float(10 * slot),
         done=True,
-        prompt_token_ids=np.arange(3 * n, dtype=np.int32),
-        prompt_offsets=np.arange(0, 3 * n + 1, 3, dtype=np.int64),
+        prompt_token_ids=(np.arange(prompt_len * n) % 1000).astype(np.int32),
+        prompt_offsets=np.arange(0, prompt_len * n + 1, prompt_len, dtype=np.int64),
         response_token_ids=np.arange(2 * n, dtype=np.int32),
         response_offsets=np.arange(0, 2 * n + 1, 2, dtype=np.int64),
         behaviour_logprobs=np.full(2 * n, -0.5, np.float32),
