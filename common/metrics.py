@@ -118,6 +118,10 @@ class MemoryServiceMetrics(RoleMetrics):
         self.reflections = self._counter("reflections", "Reflections written by the policy")
         self.reflection_seconds = self._histogram("reflection_seconds", "Reflection latency", _SECONDS)
         self.reflection_queue = self._gauge("reflection_queue_depth", "Episodes waiting for reflection")
+        self.reports_duplicate = self._counter("reports_duplicate", "Episode reports of an episode already queued")
+        self.reports_given_up = self._counter(
+            "reports_given_up", "Queued episode reports dropped after memory_service.reflection_attempts failures"
+        )
         self.reflection_batch = self._histogram(
             "reflection_batch_size", "Episodes reflected on together", (1, 2, 4, 8, 16, 32)
         )

@@ -206,7 +206,12 @@ class Learner:
         # an NCCL group spans the learner and a server's tensor-parallel workers
         tensor_parallel_size = cfg.policy_server.tensor_parallel_size
         self.pusher = WeightPusher(
-            cfg.weight_sync, self.policies, self.lcfg.push_timeout_s, tensor_parallel_size, shm_name=f"run-{run_id}"
+            cfg.weight_sync,
+            self.policies,
+            self.lcfg.push_timeout_s,
+            tensor_parallel_size,
+            self.lcfg.push_attempts,
+            shm_name=f"run-{run_id}",
         )
 
     @property

@@ -326,6 +326,7 @@ def validate(cfg: PipelineConfig) -> None:
     at_least("learner.checkpoint_every", lr.checkpoint_every, 0)
     at_least("learner.keep_checkpoints", lr.keep_checkpoints, 1)
     check(lr.push_timeout_s > 0, "learner.push_timeout_s", "must be > 0")
+    at_least("learner.push_attempts", lr.push_attempts, 1)
     at_least("learner.torch_threads", lr.torch_threads, 0)
 
     # weight sync: the learner's side and the servers' side must agree
@@ -387,6 +388,7 @@ def validate(cfg: PipelineConfig) -> None:
     for name in ("generate_timeout_s", "memory_timeout_s", "buffer_timeout_s"):
         check(getattr(ea, name) > 0, f"env_actor.{name}", "must be > 0")
     at_least("env_actor.memory_retry_after_s", ea.memory_retry_after_s, 0)
+    at_least("env_actor.policy_retry_after_s", ea.policy_retry_after_s, 0)
 
     # memory service
     within("memory_service.similarity_threshold", mem.similarity_threshold, -1.0, 1.0)
@@ -404,6 +406,7 @@ def validate(cfg: PipelineConfig) -> None:
     )
     at_least("memory_service.reflection_temperature", mem.reflection_temperature, 0)
     at_least("memory_service.reflection_batch_size", mem.reflection_batch_size, 1)
+    at_least("memory_service.reflection_attempts", mem.reflection_attempts, 1)
 
     # launcher and evaluation
     at_least("launch.num_env_actors", cfg.launch.num_env_actors, 1)
