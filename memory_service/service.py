@@ -36,7 +36,7 @@ from memory_service.embedder import Embedder
 from memory_service.store import Entry, MemoryStore, memory_key
 from pipeline.cli import role_config
 from pipeline.config import PipelineConfig
-from protocol import Client, ProtocolError, decode, encode
+from protocol import Client, ProtocolError, RemoteError, decode, encode
 from protocol.codec import pack_frames, unpack_frames
 from protocol.messages import Ack, EpisodeReport, GenerateRequest, MemoryQuery, MemoryResult, Ping, Pong
 
@@ -44,6 +44,9 @@ log = logging.getLogger("memory_service")
 
 # The stored reflection's first characters in the log line (the whole text is in the store).
 LOGGED_REFLECTION_CHARS = 120
+# A policy server still loading its engine answers not_ready: its reports wait this long and are asked
+# again, without counting as a failed attempt.
+NOT_READY_RETRY_S = 2.0
 
 
 def reflection_messages(report: EpisodeReport, mcfg: MemoryServiceConfig, skip: int = 0) -> list[dict]:
@@ -216,14 +219,19 @@ class MemoryService:
                         seed=rid,
                     )
                 )
-            reflected = []
+            reflected, not_ready = [], False
             for client, (report_id, report) in zip(clients, reports):
                 try:
                     response = client.recv()
+                except RemoteError as exc:
+                    if exc.reason == "not_ready":  # the engine is still loading: not a failed attempt
+                        self.reports.put((report_id, report))
+                        not_ready = True
+                    else:
+                        self.reflection_failed(report_id, report)
+                    continue
                 except Exception:
-                    self.metrics.errors.labels("reflection").inc()
-                    log.exception("reflection for episode %s failed", report.episode_id)
-                    self.retry_later(report_id, report)
+                    self.reflection_failed(report_id, report)
                     continue
                 self.metrics.policy_version.set(response.policy_version)
                 reflected.append((report_id, report, response.text))
@@ -231,14 +239,18 @@ class MemoryService:
                 self.store_reflections(reflected)
             for _ in reflected:
                 self.metrics.reflection_seconds.observe(time.perf_counter() - t0)
+            if not_ready:
+                time.sleep(NOT_READY_RETRY_S)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         self.metrics.embedding_batch.observe(len(texts))
         return self.embedder.embed(texts)
 
-    def retry_later(self, report_id: int, report: EpisodeReport) -> None:
-        """A failed reflection: the report goes to the back of the queue, or after
-        reflection_attempts failures is given up (its tips are lost; counted)."""
+    def reflection_failed(self, report_id: int, report: EpisodeReport) -> None:
+        """A failed reflection (timeout, error reply): the report goes to the back of the queue,
+        or after reflection_attempts failures is given up (its tips are lost; counted)."""
+        self.metrics.errors.labels("reflection").inc()
+        log.exception("reflection for episode %s failed", report.episode_id)
         if self.store.report_failed(report_id, self.mcfg.reflection_attempts):
             self.reports.put((report_id, report))
         else:

@@ -86,6 +86,7 @@ def test_every_acknowledged_report_is_stored_after_a_kill_9(start_role, tmp_path
         assert time.monotonic() < deadline, restarted.log()[-3000:]
         time.sleep(2)
     metrics = scrape("127.0.0.1", port)
+    assert metrics.get("empo2_memory_service_reports_given_up_total") == 0
     assert metrics["empo2_memory_service_reflections_total"] == REPORTS
     assert metrics["empo2_memory_service_entries"] == 2 * REPORTS  # one entry per step of every report
     assert "resuming 10 episode reports queued before the restart" in restarted.log()
