@@ -76,6 +76,8 @@ class EnvActorConfig:
     memory_timeout_s: float = 5.0  # retrieval; after it, the turn goes without tips (counted)
     memory_retry_after_s: float = 30.0  # after a failed retrieval, go without tips at once for this long
     buffer_timeout_s: float = 30.0  # assignment request / trajectory upload, per try
+    # after a generation timed out on a policy server (down or hung), requests go to the others for this long
+    policy_retry_after_s: float = 60.0
     upload_retries: int = 20  # a finished episode is retried this often before the actor fails
 
     def prompt_budget(self, max_model_len: int) -> int:

@@ -234,11 +234,17 @@ def open_episode_runner(cfg: PipelineConfig) -> EpisodeRunner:
 
 class ServerChooser:
     """Which policy server gets the next request: the one with the fewest requests in flight from
-    this process (ties and "round_robin" rotate). Shared by the env threads of one process."""
+    this process (ties and "round_robin" rotate). Shared by the env threads of one process.
 
-    def __init__(self, num_servers: int, policy: str):  # policy: env_actor.server_selection (validated at load)
+    A server whose request timed out (down or hung, e.g. SIGSTOPped) is passed over for
+    `retry_after_s` (env_actor.policy_retry_after_s) while another one is up, so the retry and
+    the requests that follow fail over at once instead of each waiting out the timeout."""
+
+    def __init__(self, num_servers: int, policy: str, retry_after_s: float):  # env_actor.server_selection (validated)
         self.in_flight = [0] * num_servers
         self.policy = policy
+        self.retry_after_s = retry_after_s
+        self.down_until = [0.0] * num_servers  # monotonic time until which a timed-out server is passed over
         self._turn = itertools.count()
         self._lock = threading.Lock()
 
@@ -246,9 +252,15 @@ class ServerChooser:
         with self._lock:
             start = next(self._turn) % len(self.in_flight)
             order = [(start + k) % len(self.in_flight) for k in range(len(self.in_flight))]
-            index = min(order, key=lambda i: self.in_flight[i]) if self.policy == "least_loaded" else start
+            now = time.monotonic()
+            order = [i for i in order if self.down_until[i] <= now] or order  # all down: try them anyway
+            index = min(order, key=lambda i: self.in_flight[i]) if self.policy == "least_loaded" else order[0]
             self.in_flight[index] += 1
             return index
+
+    def mark_down(self, index: int) -> None:
+        with self._lock:
+            self.down_until[index] = time.monotonic() + self.retry_after_s
 
     def release(self, index: int) -> None:
         with self._lock:
@@ -284,7 +296,9 @@ class EnvWorker:
         self.buffer = Client(ctx, cfg.endpoints.replay_buffer, self.acfg.buffer_timeout_s)
         self.memory = Client(ctx, cfg.endpoints.memory_service, self.acfg.memory_timeout_s)
         self.policies = [Client(ctx, ep, self.acfg.generate_timeout_s) for ep in cfg.endpoints.policy_servers]
-        self.chooser = chooser or ServerChooser(len(self.policies), self.acfg.server_selection)
+        self.chooser = chooser or ServerChooser(
+            len(self.policies), self.acfg.server_selection, self.acfg.policy_retry_after_s
+        )
         self.runner = runner  # the episode logic over this worker's env; open() builds it when None
         self._request_ids = itertools.count()
         self._memory_down_until = 0.0  # monotonic time until which retrieval is skipped
@@ -347,7 +361,8 @@ class EnvWorker:
 
     def generate(self, prompt_ids: np.ndarray, seed: int, temperature: float | None = None) -> GenerateResponse:
         """The next action's text from a policy server: the chooser picks the server; after a
-        timeout the retry goes to the next one. `temperature` defaults to env_actor.temperature."""
+        timeout that server is passed over for env_actor.policy_retry_after_s and the retry goes
+        to another one. `temperature` defaults to env_actor.temperature."""
         request = GenerateRequest(
             request_id=f"{self.actor_id}-{next(self._request_ids)}",
             prompt_token_ids=prompt_ids,
@@ -362,7 +377,8 @@ class EnvWorker:
                 response = self.policies[index].call(request)
             except RequestTimeout as exc:
                 self.metrics.errors.labels("timeout").inc()
-                log.warning("%s (attempt %d); retrying on the next server", exc, attempt)
+                self.chooser.mark_down(index)
+                log.warning("%s (attempt %d); retrying on another server", exc, attempt)
                 continue
             finally:
                 self.chooser.release(index)
@@ -512,7 +528,9 @@ class EnvActor:
 
     def __init__(self, cfg: PipelineConfig):
         self.metrics = EnvActorMetrics()
-        chooser = ServerChooser(len(cfg.endpoints.policy_servers), cfg.env_actor.server_selection)
+        chooser = ServerChooser(
+            len(cfg.endpoints.policy_servers), cfg.env_actor.server_selection, cfg.env_actor.policy_retry_after_s
+        )
         self.workers = [EnvWorker(cfg, self.metrics, slot, chooser) for slot in range(cfg.env_actor.envs_per_actor)]
         self._threads: dict[int, threading.Thread] = {}  # slot -> the thread of run() playing on it
 

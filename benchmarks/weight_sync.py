@@ -81,7 +81,11 @@ def main() -> None:
         for m in METHODS:
             mcfg = load_config([*OVERRIDES, f"weight_sync.method={m}"])
             pushers[m] = WeightPusher(
-                mcfg.weight_sync, [client], mcfg.learner.push_timeout_s, mcfg.policy_server.tensor_parallel_size
+                mcfg.weight_sync,
+                [client],
+                mcfg.learner.push_timeout_s,
+                mcfg.policy_server.tensor_parallel_size,
+                mcfg.learner.push_attempts,
             )
         optimizer = torch.optim.AdamW(model.parameters())  # the checkpoint carries it, as the learner's does
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)

@@ -113,6 +113,19 @@ class ReplayBufferMetrics(RoleMetrics):
         self.groups_ready = self._gauge("groups_ready", "Complete groups waiting for the learner")
         self.groups_served = self._counter("groups_served", "Groups handed to the learner")
         self.groups_dropped_stale = self._counter("groups_dropped_stale", "Groups dropped as too stale")
+        self.groups_confirmed = self._counter("groups_confirmed", "Served groups the learner confirmed it used")
+        self.groups_requeued = self._counter(
+            "groups_requeued", "Served groups given back unconfirmed (confirm timeout, or the learner restarted)"
+        )
+        self.confirms_unknown = self._counter("batch_confirms_unknown", "Confirms of a batch not in flight")
+        self.batch_parts = self._counter("batch_parts", "Batch messages (parts within the learner's limit) sent")
+        self.log_records_replayed = self._gauge("log_records_replayed", "Log records read back at start-up")
+        self.log_records_skipped = self._counter(
+            "log_records_skipped", "Corrupt log records skipped at start-up, by fault", ("fault",)
+        )
+        self.log_fsync_seconds = self._histogram(
+            "log_fsync_seconds", "Group commit: one fsync of the log", (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5)
+        )
         self.staleness = self._histogram(
             "batch_staleness_versions", "Learner version minus sample version", (0, 1, 2, 3, 4, 6, 8, 16)
         )
@@ -128,6 +141,10 @@ class MemoryServiceMetrics(RoleMetrics):
         self.reflections = self._counter("reflections", "Reflections written by the policy")
         self.reflection_seconds = self._histogram("reflection_seconds", "Reflection latency", _SECONDS)
         self.reflection_queue = self._gauge("reflection_queue_depth", "Episodes waiting for reflection")
+        self.reports_duplicate = self._counter("reports_duplicate", "Episode reports of an episode already queued")
+        self.reports_given_up = self._counter(
+            "reports_given_up", "Queued episode reports dropped after memory_service.reflection_attempts failures"
+        )
         self.reflection_batch = self._histogram(
             "reflection_batch_size", "Episodes reflected on together", (1, 2, 4, 8, 16, 32)
         )

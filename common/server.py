@@ -6,7 +6,9 @@ its own asyncio loop over the same kind of table."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -38,10 +40,37 @@ def dispatch(handlers: HandlerTable, msg: Message, metrics: RoleMetrics, *contex
     return handler(msg, *context)
 
 
-def serve_requests(endpoint: str, handlers: HandlerTable, metrics: RoleMetrics) -> None:
-    """Bind a ROUTER at `endpoint` and answer every request with its handler's reply, forever."""
+@dataclass
+class AfterCommit:
+    """A handler's reply that may go out only once the server's next commit has run (group
+    commit: the replay buffer fsyncs its log once for every Ack held since the last fsync)."""
+
+    reply: Message
+
+
+def serve_requests(
+    endpoint: str,
+    handlers: HandlerTable,
+    metrics: RoleMetrics,
+    commit: Callable[[], None] | None = None,
+    commit_interval_s: float = 0.0,
+) -> None:
+    """Bind a ROUTER at `endpoint` and answer every request with its handler's reply, forever.
+    A reply wrapped in AfterCommit is held; at most `commit_interval_s` after the first one held,
+    `commit()` runs and every held reply goes out (requests keep being served meanwhile)."""
     sock = bind_router(zmq.Context.instance(), endpoint)
+    held: list[tuple[bytes, Message]] = []  # (client, reply) waiting for the next commit
+    due = 0.0
     while True:
+        if held:
+            wait_ms = max(0, int((due - time.monotonic()) * 1000))
+            if wait_ms == 0 or not sock.poll(wait_ms, zmq.POLLIN):
+                commit()
+                for identity, reply in held:
+                    send_reply(sock, identity, reply)
+                    metrics.messages_out.labels(reply.KIND).inc()
+                held.clear()
+                continue
         try:
             request = recv_request(sock)  # a malformed request is answered with ErrorReply there
         except ProtocolError as exc:
@@ -50,5 +79,10 @@ def serve_requests(endpoint: str, handlers: HandlerTable, metrics: RoleMetrics) 
             continue
         metrics.messages_in.labels(request.message.KIND).inc()
         reply = dispatch(handlers, request.message, metrics)
+        if isinstance(reply, AfterCommit):
+            if not held:
+                due = time.monotonic() + commit_interval_s
+            held.append((request.identity, reply.reply))
+            continue
         send_reply(sock, request.identity, reply)
         metrics.messages_out.labels(reply.KIND).inc()

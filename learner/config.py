@@ -97,4 +97,5 @@ class LearnerConfig:
     keep_checkpoints: int = 3  # retention: the newest N complete checkpoints are kept
     resume: bool = True  # start from the newest checkpoint in run_dir/checkpoints, if any
     push_timeout_s: float = 300.0  # one weight push to one server, until it reports the version live
+    push_attempts: int = 3  # a push that times out (a hung server) is sent again, this many tries in all
     torch_threads: int = 0  # 0 = torch default

@@ -22,6 +22,7 @@ Run: `empo2-learner [key=value ...]`
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -49,8 +50,8 @@ from learner.step import PHASES, PhaseTimer, StepStats, train_step
 from learner.weight_push import PushTiming, WeightPusher, weight_tensors
 from pipeline.cli import role_config
 from pipeline.config import PipelineConfig
-from protocol import Client
-from protocol.messages import Batch, BatchRequest, Trajectory, Wait
+from protocol import Client, RemoteError, RequestTimeout
+from protocol.messages import Batch, BatchConfirm, BatchRequest, Trajectory, Wait
 from protocol.transport import wait_until_ready
 
 log = logging.getLogger("learner")
@@ -205,7 +206,12 @@ class Learner:
         # an NCCL group spans the learner and a server's tensor-parallel workers
         tensor_parallel_size = cfg.policy_server.tensor_parallel_size
         self.pusher = WeightPusher(
-            cfg.weight_sync, self.policies, self.lcfg.push_timeout_s, tensor_parallel_size, shm_name=f"run-{run_id}"
+            cfg.weight_sync,
+            self.policies,
+            self.lcfg.push_timeout_s,
+            tensor_parallel_size,
+            self.lcfg.push_attempts,
+            shm_name=f"run-{run_id}",
         )
 
     @property
@@ -230,6 +236,8 @@ class Learner:
             t0 = time.perf_counter()
             stats = self.trainer.step(batch.trajectories, timer)
             step_s = time.perf_counter() - t0
+            if self.is_rank0:  # used: the buffer may forget its groups (unconfirmed, they are served again)
+                self.confirm(batch.batch_id)
             with timer.phase("push"):
                 push = self.push()
             if self.lcfg.checkpoint_every and self.version % self.lcfg.checkpoint_every == 0:
@@ -254,15 +262,48 @@ class Learner:
         )
 
     def next_batch(self) -> Batch:
+        """The next batch, all of its parts in one Batch (each part fits this learner's message
+        limit, the buffer's Client max_bytes). A timed-out request is asked again; a batch the
+        buffer no longer has in flight (it restarted) is given up for a new one."""
         request = BatchRequest(
-            learner_version=self.version, num_groups=self.lcfg.groups_per_step, max_staleness=self.lcfg.max_staleness
+            learner_version=self.version,
+            num_groups=self.lcfg.groups_per_step,
+            max_staleness=self.lcfg.max_staleness,
+            max_bytes=self.buffer.max_bytes,
         )
         while True:
-            reply = self.buffer.call(request)
-            if isinstance(reply, Batch):
-                return reply
-            assert isinstance(reply, Wait)
-            time.sleep(reply.retry_after_s)
+            reply = self._call_buffer(request)
+            if isinstance(reply, Wait):
+                time.sleep(reply.retry_after_s)
+                continue
+            assert isinstance(reply, Batch)
+            parts = [reply]
+            try:
+                while len(parts) < reply.num_parts:
+                    part = dataclasses.replace(request, batch_id=reply.batch_id, part=len(parts))
+                    parts.append(self._call_buffer(part))
+            except RemoteError as exc:
+                if exc.reason != "unknown_batch":
+                    raise
+                log.warning(
+                    "batch %s is no longer in flight at the buffer (%s); asking for a new one", reply.batch_id, exc
+                )
+                continue
+            trajectories = [t for p in parts for t in p.trajectories]
+            return dataclasses.replace(reply, trajectories=trajectories, part=0, num_parts=1)
+
+    def confirm(self, batch_id: str) -> None:
+        """Tell the buffer the batch is used (BatchConfirm), so it is never served again."""
+        if batch_id:
+            self._call_buffer(BatchConfirm(batch_id=batch_id))
+
+    def _call_buffer(self, msg):
+        """buffer.call(msg), asked again after each timeout (the learner has nothing to do without it)."""
+        while True:
+            try:
+                return self.buffer.call(msg)
+            except RequestTimeout as exc:
+                log.warning("%s; asking the replay buffer again", exc)
 
     def publish(self, record: dict) -> None:
         self.metrics.observe_step(record)

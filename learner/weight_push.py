@@ -11,7 +11,10 @@
 - "nccl": vLLM's native NCCL weight transfer on GPU hosts: vLLM's trainer engine broadcasts the
   tensors to each server's workers and drives the server through NcclTransferInit/Update
   messages on the usual socket (ZmqWeightSyncClient). Refuses to start without CUDA.
-Each server acknowledges; the last ack says the new version is live there.
+Each server acknowledges; the last ack says the new version is live there. A server that does not
+answer within learner.push_timeout_s (hung, e.g. SIGSTOPped) gets the whole update again, up to
+learner.push_attempts times in all (a server applies a version it already has again, harmlessly),
+then the push fails with an error naming the server, the version and the wait (PushStalled).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 
 from learner.lora import adapter_tensors, is_lora
 from pipeline.config import WeightSyncConfig
-from protocol import Client
+from protocol import Client, RequestTimeout
 from protocol.messages import (
     NcclTransferInit,
     NcclTransferUpdate,
@@ -98,14 +101,44 @@ class PushTiming:
         return self.seconds - self.engine_seconds
 
 
-def push_weights(clients: list[Client], chunks: list[WeightChunk], timeout_s: float) -> PushTiming:
+class PushStalled(RuntimeError):
+    """A policy server did not acknowledge a weight update within the timeout, attempt after attempt."""
+
+
+def with_retries(client: Client, version: int, timeout_s: float, attempts: int, push_one):
+    """push_one(client) (one whole update to it), again after each timeout, `attempts` times in all."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return push_one(client)
+        except RequestTimeout as exc:
+            if attempt == attempts:
+                raise PushStalled(
+                    f"weight push of v{version} to {client.endpoint} stalled: no reply within {timeout_s:.0f}s, "
+                    f"{attempts} attempts (learner.push_timeout_s, learner.push_attempts); is the server hung?"
+                ) from exc
+            log.warning(
+                "weight push of v%d to %s stalled (%s; attempt %d of %d); sending the update again",
+                version,
+                client.endpoint,
+                exc,
+                attempt,
+                attempts,
+            )
+
+
+def push_weights(clients: list[Client], chunks: list[WeightChunk], timeout_s: float, attempts: int) -> PushTiming:
     """Send every chunk to every server; returns the timing until all report the version live."""
     t0, engine_s = time.perf_counter(), 0.0
-    for client in clients:
+
+    def send_all(client: Client) -> WeightUpdateAck:
         for chunk in chunks:
             ack = client.call(chunk, timeout_s=timeout_s)
             if not isinstance(ack, WeightUpdateAck):
                 raise RuntimeError(f"{client.endpoint} answered {ack.KIND} to a weight chunk")
+        return ack
+
+    for client in clients:
+        ack = with_retries(client, chunks[-1].version, timeout_s, attempts, send_all)
         if not (ack.applied and ack.version == chunks[-1].version):
             raise RuntimeError(f"{client.endpoint} did not apply version {chunks[-1].version}: {ack}")
         log.info("%s now serves v%d (engine reload %.2fs)", client.endpoint, ack.version, ack.apply_seconds)
@@ -124,9 +157,11 @@ class WeightPusher:
         clients: list[Client],
         push_timeout_s: float,
         tensor_parallel_size: int,
+        push_attempts: int,  # learner.push_attempts: tries per server before a stalled push fails
         shm_name: str = "",
     ):
         self.sync, self.clients, self.push_timeout_s = sync, clients, push_timeout_s
+        self.push_attempts = push_attempts
         self.nccl = (
             NcclWeightPusher(sync, clients, push_timeout_s, tensor_parallel_size) if sync.method == "nccl" else None
         )
@@ -146,12 +181,15 @@ class WeightPusher:
                 self.clients,
                 build_chunks(tensors, version, self.sync.zmq_chunk_bytes, lora_scale),
                 self.push_timeout_s,
+                self.push_attempts,
             )
         if self.sync.method == "nccl":
             return self.nccl.push(tensors, version)
         t0 = time.perf_counter()
         checksum = write_weight_file(self.shm_path, tensors)
-        timing = push_weight_file(self.clients, str(self.shm_path), checksum, version, self.push_timeout_s, lora_scale)
+        timing = push_weight_file(
+            self.clients, str(self.shm_path), checksum, version, self.push_timeout_s, self.push_attempts, lora_scale
+        )
         return PushTiming(time.perf_counter() - t0, timing.engine_seconds)
 
     def push_checkpoint(self, checkpoint_dir: Path, version: int) -> PushTiming:
@@ -162,7 +200,12 @@ class WeightPusher:
                 f"{checkpoint_dir} has no single model.safetensors (sharded checkpoints are not supported by weight_sync=checkpoint)"
             )
         return push_weight_file(
-            self.clients, str(path.resolve()), file_checksum(str(path)), version, self.push_timeout_s
+            self.clients,
+            str(path.resolve()),
+            file_checksum(str(path)),
+            version,
+            self.push_timeout_s,
+            self.push_attempts,
         )
 
 
@@ -259,14 +302,19 @@ class _TensorSource:
 
 
 def push_weight_file(
-    clients: list[Client], path: str, checksum: str, version: int, timeout_s: float, lora_scale: float = 0.0
+    clients: list[Client],
+    path: str,
+    checksum: str,
+    version: int,
+    timeout_s: float,
+    attempts: int,
+    lora_scale: float = 0.0,
 ) -> PushTiming:
     """Announce a written weight file to every server; returns the timing until all run it."""
     t0, engine_s = time.perf_counter(), 0.0
+    update = WeightFile(version=version, path=path, checksum=checksum, lora_scale=lora_scale)
     for client in clients:
-        ack = client.call(
-            WeightFile(version=version, path=path, checksum=checksum, lora_scale=lora_scale), timeout_s=timeout_s
-        )
+        ack = with_retries(client, version, timeout_s, attempts, lambda c: c.call(update, timeout_s=timeout_s))
         if not (isinstance(ack, WeightUpdateAck) and ack.applied and ack.version == version):
             raise RuntimeError(f"{client.endpoint} did not apply version {version}: {ack}")
         log.info("%s now serves v%d from %s (engine reload %.2fs)", client.endpoint, version, path, ack.apply_seconds)

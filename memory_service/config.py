@@ -43,6 +43,9 @@ class MemoryServiceConfig:
     reflection_temperature: float = 1.0  # the rollout temperature, as in the reference
     reflection_timeout_s: float = 300.0
     reflection_batch_size: int = 8  # episodes reflected on concurrently (the engine batches them)
+    # A queued report whose reflection fails (policy servers down, a timeout) is tried again, up to this
+    # many times in all, then given up (counted). Queued reports persist in db_file across restarts.
+    reflection_attempts: int = 3
     db_file: str = "memory.sqlite"  # inside run_dir; every accepted entry is persisted here
 
     def reflection_prompt_budget(self, max_model_len: int) -> int:

@@ -5,8 +5,11 @@ Socket: ROUTER bound at endpoints.memory_service.
   out: Pong, MemoryResult, Ack, ErrorReply
 Client: DEALER to the policy servers (GenerateRequest for reflections, round-robin).
 
-Episode reports are acknowledged at once and queued; a worker thread asks the policy for the
-reflection, embeds the episode's states and stores one entry per step. Actors never wait on it.
+Episode reports are acknowledged once queued, and the queue is persisted (the store's SQLite
+database, WAL) before the Ack: a killed service resumes it at restart. A worker thread asks the
+policy for the reflection, embeds the episode's states and stores one entry per step, removing
+the report from the queue in the same transaction; a failed reflection is tried again up to
+memory_service.reflection_attempts times. Actors never wait on it.
 
 Run: `empo2-memory-service [key=value ...]`.
 """
@@ -33,13 +36,17 @@ from memory_service.embedder import Embedder
 from memory_service.store import Entry, MemoryStore, memory_key
 from pipeline.cli import role_config
 from pipeline.config import PipelineConfig
-from protocol import Client
+from protocol import Client, ProtocolError, RemoteError, decode, encode
+from protocol.codec import pack_frames, unpack_frames
 from protocol.messages import Ack, EpisodeReport, GenerateRequest, MemoryQuery, MemoryResult, Ping, Pong
 
 log = logging.getLogger("memory_service")
 
 # The stored reflection's first characters in the log line (the whole text is in the store).
 LOGGED_REFLECTION_CHARS = 120
+# A policy server still loading its engine answers not_ready: its reports wait this long and are asked
+# again, without counting as a failed attempt.
+NOT_READY_RETRY_S = 2.0
 
 
 def reflection_messages(report: EpisodeReport, mcfg: MemoryServiceConfig, skip: int = 0) -> list[dict]:
@@ -112,7 +119,9 @@ class MemoryService:
         # One BLAS thread for the vector search: with two, OpenBLAS's spinning threads fight torch's
         # embedding threads for the cores (benchmarks/README.md: query p50 43.9 -> 16.4 ms at 10k).
         threadpool_limits(limits=1, user_api="blas")
-        self.reports: queue.Queue[EpisodeReport] = queue.Queue()
+        # (pending id in the store, report): what the reflection worker takes; the store holds the same
+        self.reports: queue.Queue[tuple[int, EpisodeReport]] = queue.Queue()
+        self.resume_reports()
         # the reflection prompt's token budget: what the policy server's context leaves to it
         self.prompt_budget = self.mcfg.reflection_prompt_budget(cfg.policy_server.max_model_len)
         memories, entries = self.store.stats()
@@ -137,9 +146,28 @@ class MemoryService:
     def ping(self, msg: Ping) -> Pong:
         return Pong(role="memory_service", policy_version=-1, ready=True)
 
+    def resume_reports(self) -> None:
+        """Queue again every report a previous run acknowledged and did not reflect on."""
+        pending = self.store.pending_reports()
+        for report_id, record in pending:
+            try:
+                self.reports.put((report_id, decode(unpack_frames(record))))
+            except (ProtocolError, ValueError) as exc:  # a record this version cannot read: not a reason to stop
+                log.warning("queued report %d cannot be decoded (%s); given up", report_id, str(exc)[:200])
+                self.store.report_failed(report_id, max_attempts=0)
+                self.metrics.reports_given_up.inc()
+        self.metrics.reflection_queue.set(self.reports.qsize())
+        if pending:
+            log.info("resuming %d episode reports queued before the restart", len(pending))
+
     def queue_report(self, report: EpisodeReport) -> Ack:
-        """Acknowledged at once: the reflection worker reflects on it and stores its entries later."""
-        self.reports.put(report)
+        """Persisted in the store's queue before the Ack; the reflection worker reflects on it and
+        stores its entries later. A report of an episode already queued is acknowledged and not queued twice."""
+        report_id = self.store.queue_report(report.episode_id, pack_frames(encode(report)))
+        if report_id is None:
+            self.metrics.reports_duplicate.inc()
+            return Ack(ref=report.episode_id, detail="already queued for reflection")
+        self.reports.put((report_id, report))
         self.metrics.reflection_queue.set(self.reports.qsize())
         return Ack(ref=report.episode_id, detail="queued for reflection")
 
@@ -172,7 +200,7 @@ class MemoryService:
             self.metrics.reflection_queue.set(self.reports.qsize())
             self.metrics.reflection_batch.observe(len(reports))
             t0 = time.perf_counter()
-            for client, report in zip(clients, reports):
+            for client, (_, report) in zip(clients, reports):
                 prompt_ids, dropped = reflection_prompt(report, self.mcfg, tokenizer, self.prompt_budget)
                 if dropped:
                     log.info(
@@ -191,30 +219,54 @@ class MemoryService:
                         seed=rid,
                     )
                 )
-            reflected = []
-            for client, report in zip(clients, reports):
+            reflected, not_ready = [], False
+            for client, (report_id, report) in zip(clients, reports):
                 try:
                     response = client.recv()
+                except RemoteError as exc:
+                    if exc.reason == "not_ready":  # the engine is still loading: not a failed attempt
+                        self.reports.put((report_id, report))
+                        not_ready = True
+                    else:
+                        self.reflection_failed(report_id, report)
+                    continue
                 except Exception:
-                    self.metrics.errors.labels("reflection").inc()
-                    log.exception("reflection for episode %s failed", report.episode_id)
+                    self.reflection_failed(report_id, report)
                     continue
                 self.metrics.policy_version.set(response.policy_version)
-                reflected.append((report, response.text))
+                reflected.append((report_id, report, response.text))
             if reflected:
                 self.store_reflections(reflected)
             for _ in reflected:
                 self.metrics.reflection_seconds.observe(time.perf_counter() - t0)
+            if not_ready:
+                time.sleep(NOT_READY_RETRY_S)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         self.metrics.embedding_batch.observe(len(texts))
         return self.embedder.embed(texts)
 
-    def store_reflections(self, reflected: list[tuple[EpisodeReport, str]]) -> int:
-        """One entry per step of each episode: tip (reflection + action + score), keyed by the state."""
-        vectors = self.embed([obs for report, _ in reflected for obs in report.observations])
+    def reflection_failed(self, report_id: int, report: EpisodeReport) -> None:
+        """A failed reflection (timeout, error reply): the report goes to the back of the queue,
+        or after reflection_attempts failures is given up (its tips are lost; counted)."""
+        self.metrics.errors.labels("reflection").inc()
+        log.exception("reflection for episode %s failed", report.episode_id)
+        if self.store.report_failed(report_id, self.mcfg.reflection_attempts):
+            self.reports.put((report_id, report))
+        else:
+            self.metrics.reports_given_up.inc()
+            log.warning(
+                "episode %s: no reflection after %d attempts; its report is given up",
+                short_id(report.episode_id),
+                self.mcfg.reflection_attempts,
+            )
+
+    def store_reflections(self, reflected: list[tuple[int, EpisodeReport, str]]) -> int:
+        """One entry per step of each episode: tip (reflection + action + score), keyed by the state;
+        each report leaves the persisted queue (its pending id) in the transaction of its entries."""
+        vectors = self.embed([obs for _, report, _ in reflected for obs in report.observations])
         added, offset = 0, 0
-        for report, reflection in reflected:
+        for report_id, report, reflection in reflected:
             reflection = " ".join(reflection.split()) or "No reflection was produced."
             n = len(report.observations)
             entries = [
@@ -222,7 +274,7 @@ class MemoryService:
                 for a, s in zip(report.actions, report.observations)
             ]
             key = memory_key(self.mcfg.key, report.task, report.variation)
-            added += self.store.add(key, entries, vectors[offset : offset + n])
+            added += self.store.add(key, entries, vectors[offset : offset + n], done_report=report_id)
             offset += n
             self.metrics.memory_entries.labels(key).set(self.store.size(key))
             log.info(

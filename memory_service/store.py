@@ -6,7 +6,9 @@ reward 1/(n+1). Each memory keeps its vectors in one contiguous [N, D] array (gr
 a ring once full), so a query is one matrix-vector product and a vectorised sort.
 
 Every accepted entry is committed to SQLite before add() returns and the store is rebuilt from
-the database at start-up, so a restart loses nothing that was accepted.
+the database at start-up, so a restart loses nothing that was accepted. Episode reports waiting
+for their reflection are kept in the same database (table `pending_reports`, queue_report) from
+before their Ack until their entries are stored (in the same transaction) or they are given up.
 """
 
 from __future__ import annotations
@@ -94,16 +96,23 @@ class MemoryStore:
         self.db.execute(
             "CREATE TABLE IF NOT EXISTS entries (id INTEGER PRIMARY KEY, key TEXT, tip TEXT, score REAL, state TEXT, vector BLOB)"
         )
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS pending_reports (id INTEGER PRIMARY KEY, episode_id TEXT UNIQUE, "
+            "record BLOB, attempts INTEGER DEFAULT 0)"
+        )
         evicted = []  # rows over a capacity lowered since the last run
         for row_id, key, tip, score, state, blob in self.db.execute("SELECT * FROM entries ORDER BY id").fetchall():
             evicted.append(self._insert(key, row_id, Entry(tip, score, state), np.frombuffer(blob, np.float32)))
         with self.db:
             self.db.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in evicted if i is not None])
 
-    def add(self, key: str, entries: list[Entry], vectors: np.ndarray) -> int:
-        """Store entries (vectors [N, D] unit norm); returns how many were new."""
+    def add(self, key: str, entries: list[Entry], vectors: np.ndarray, done_report: int | None = None) -> int:
+        """Store entries (vectors [N, D] unit norm); returns how many were new. `done_report`: the
+        pending report (queue_report's id) these entries come from, removed in the same transaction."""
         added = 0
         with self.lock, self.db:
+            if done_report is not None:
+                self.db.execute("DELETE FROM pending_reports WHERE id = ?", (done_report,))
             for entry, vector in zip(entries, vectors):
                 memory = self.memories.get(key)
                 if memory is not None and (entry.tip, entry.state) in memory.seen:
@@ -132,6 +141,32 @@ class MemoryStore:
             if memory is None or memory.size == 0:
                 return []
             return memory.search(query.astype(np.float32), threshold, top_k)
+
+    # ------------------------------------------------------------------ the reflection queue
+    def queue_report(self, episode_id: str, record: bytes) -> int | None:
+        """Persist an episode report (its encoded record) until it is reflected on; committed when
+        this returns. Its id, or None if a report of that episode is already queued."""
+        with self.lock, self.db:
+            cur = self.db.execute(
+                "INSERT OR IGNORE INTO pending_reports (episode_id, record) VALUES (?, ?)", (episode_id, record)
+            )
+            return cur.lastrowid if cur.rowcount else None
+
+    def pending_reports(self) -> list[tuple[int, bytes]]:
+        """(id, record) of every queued report, oldest first: what a restarted service resumes."""
+        with self.lock:
+            return self.db.execute("SELECT id, record FROM pending_reports ORDER BY id").fetchall()
+
+    def report_failed(self, report_id: int, max_attempts: int) -> bool:
+        """Count a failed reflection; True if the report stays queued, False if it has now had
+        `max_attempts` and is given up (removed)."""
+        with self.lock, self.db:
+            self.db.execute("UPDATE pending_reports SET attempts = attempts + 1 WHERE id = ?", (report_id,))
+            (attempts,) = self.db.execute("SELECT attempts FROM pending_reports WHERE id = ?", (report_id,)).fetchone()
+            if attempts < max_attempts:
+                return True
+            self.db.execute("DELETE FROM pending_reports WHERE id = ?", (report_id,))
+            return False
 
     def export_rows(self):
         """(key, Entry, vector) of every stored entry, oldest first (the SQLite rows)."""

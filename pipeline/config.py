@@ -27,6 +27,8 @@ from deploy.config import LaunchConfig
 from evaluation.config import TestTimeAdaptationConfig
 from learner.config import LearnerConfig
 from memory_service.config import MemoryServiceConfig
+from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES
+from protocol.messages import BATCH_ENVELOPE_BYTES
 from replay_buffer.config import ReplayBufferConfig
 
 
@@ -289,6 +291,14 @@ def validate(cfg: PipelineConfig) -> None:
     )
     at_least("replay_buffer.batch_poll_s", rb.batch_poll_s, 0)
     check(rb.assignment_timeout_s > 0, "replay_buffer.assignment_timeout_s", "must be > 0")
+    check(rb.batch_confirm_timeout_s > 0, "replay_buffer.batch_confirm_timeout_s", "must be > 0")
+    check(rb.group_commit_ms > 0, "replay_buffer.group_commit_ms", f"must be > 0, got {rb.group_commit_ms}")
+    largest = DEFAULT_MAX_MESSAGE_BYTES - BATCH_ENVELOPE_BYTES
+    check(
+        0 < rb.max_trajectory_bytes <= largest,
+        "replay_buffer.max_trajectory_bytes",
+        f"must be in (0, {largest}] (a Batch the learner accepts, less its envelope), got {rb.max_trajectory_bytes}",
+    )
     check(
         lr.max_staleness >= 0,
         "learner.max_staleness",
@@ -317,6 +327,7 @@ def validate(cfg: PipelineConfig) -> None:
     at_least("learner.checkpoint_every", lr.checkpoint_every, 0)
     at_least("learner.keep_checkpoints", lr.keep_checkpoints, 1)
     check(lr.push_timeout_s > 0, "learner.push_timeout_s", "must be > 0")
+    at_least("learner.push_attempts", lr.push_attempts, 1)
     at_least("learner.torch_threads", lr.torch_threads, 0)
 
     # weight sync: the learner's side and the servers' side must agree
@@ -378,6 +389,7 @@ def validate(cfg: PipelineConfig) -> None:
     for name in ("generate_timeout_s", "memory_timeout_s", "buffer_timeout_s"):
         check(getattr(ea, name) > 0, f"env_actor.{name}", "must be > 0")
     at_least("env_actor.memory_retry_after_s", ea.memory_retry_after_s, 0)
+    at_least("env_actor.policy_retry_after_s", ea.policy_retry_after_s, 0)
 
     # memory service
     within("memory_service.similarity_threshold", mem.similarity_threshold, -1.0, 1.0)
@@ -395,6 +407,7 @@ def validate(cfg: PipelineConfig) -> None:
     )
     at_least("memory_service.reflection_temperature", mem.reflection_temperature, 0)
     at_least("memory_service.reflection_batch_size", mem.reflection_batch_size, 1)
+    at_least("memory_service.reflection_attempts", mem.reflection_attempts, 1)
 
     # launcher and evaluation
     at_least("launch.num_env_actors", cfg.launch.num_env_actors, 1)

@@ -425,6 +425,22 @@ class BatchRequest(Message):
     learner_version: int  # the learner's current policy version
     num_groups: int  # groups wanted
     max_staleness: int  # drop groups whose oldest turn is older than learner_version - this
+    # The learner's message limit: every Batch part is at most this many bytes encoded (0: the
+    # protocol's DEFAULT_MAX_MESSAGE_BYTES).
+    max_bytes: int = 0
+    # "" asks for a new batch (and tells the buffer that a batch still unconfirmed will never be:
+    # the learner restarted, its groups are re-served). A batch id asks for part `part` of that
+    # batch, served before and not yet confirmed (the same part again if asked again).
+    batch_id: str = ""
+    part: int = 0
+
+    def validate(self) -> None:
+        _check(self.max_bytes >= 0 and self.part >= 0, "max_bytes and part must be >= 0")
+
+
+# A Batch's bytes beyond its trajectories' own encodings (its fields, the list around them): the
+# buffer packs a batch's parts to the learner's max_bytes less this.
+BATCH_ENVELOPE_BYTES = 64 * 1024
 
 
 @register
@@ -435,6 +451,22 @@ class Batch(Message):
     KIND = "batch"
     trajectories: list[Trajectory]
     dropped_stale: int  # groups dropped for staleness since the previous batch
+    # A batch is one or more parts (each within the learner's max_bytes); the learner asks for
+    # parts 1..num_parts-1 by batch_id, steps on all of them together, then sends BatchConfirm.
+    batch_id: str = ""
+    part: int = 0
+    num_parts: int = 1
+
+
+@register
+@dataclass
+class BatchConfirm(Message):
+    """The learner has stepped on the batch: its groups are used and never served again.
+    Learner -> replay buffer; answered with Ack (also for a batch already confirmed, or one
+    re-served since: detail says so). Until it arrives a batch's groups stay the buffer's."""
+
+    KIND = "batch_confirm"
+    batch_id: str
 
 
 # ------------------------------------------------------------------------------- memory

@@ -7,17 +7,18 @@ process wrapper (replay_buffer/service.py) owns the socket and the metrics.
 from __future__ import annotations
 
 import logging
+import os
 import random
-import struct
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from protocol import decode
+from protocol import ProtocolError, decode
 from protocol.codec import pack_frames, unpack_frames
-from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Assignment, Trajectory
-from replay_buffer.config import ReplayBufferConfig
+from protocol.messages import BATCH_ENVELOPE_BYTES, OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Assignment, Trajectory
+from protocol.records import RECORD_MAGIC, Scan, frame_record, scan
+from replay_buffer.config import Durability, ReplayBufferConfig
 
 log = logging.getLogger("replay_buffer")
 
@@ -41,6 +42,7 @@ class Group:
     size: int
     trajectories: dict[int, Trajectory] = field(default_factory=dict)  # slot -> trajectory
     leases: dict[int, float] = field(default_factory=dict)  # slot -> time handed out
+    sizes: dict[int, int] = field(default_factory=dict)  # slot -> encoded bytes of its trajectory
 
     @property
     def complete(self) -> bool:
@@ -63,7 +65,8 @@ class ReplayBuffer:
         self._next_target = 0
         self.open: OrderedDict[str, Group] = OrderedDict()  # being played
         self.ready: OrderedDict[str, Group] = OrderedDict()  # complete, waiting for the learner
-        self.served: set[str] = set()
+        self.in_flight: dict[str, BatchInFlight] = {}  # batch id -> served, not yet confirmed
+        self.served: set[str] = set()  # groups confirmed by the learner (or dropped as stale)
         self.episode_ids: set[str] = set()
 
     def assign(self, now: float) -> tuple[Assignment | None, bool]:
@@ -99,11 +102,13 @@ class ReplayBuffer:
     def _assignment(self, group: Group, slot: int) -> Assignment:
         return Assignment(group.group_id, slot, group.task, group.variation, group.mode, self.rng.randrange(SEED_RANGE))
 
-    def add(self, traj: Trajectory) -> bool:
-        """Accept a trajectory; False if it is a duplicate (already held or its slot is filled)."""
+    def add(self, traj: Trajectory, nbytes: int = 0) -> bool:
+        """Accept a trajectory (`nbytes`: its encoded size, for packing batches); False if it is
+        a duplicate (already held or its slot is filled)."""
         if (
             traj.episode_id in self.episode_ids
             or traj.group_id in self.served
+            or any(traj.group_id in b.group_ids for b in self.in_flight.values())
             or not 0 <= traj.slot < self.cfg.group_size
         ):
             return False
@@ -114,23 +119,56 @@ class ReplayBuffer:
         if traj.slot in group.trajectories or traj.mode != group.mode:
             return False
         group.trajectories[traj.slot] = traj
+        group.sizes[traj.slot] = nbytes
         group.leases.pop(traj.slot, None)
         self.episode_ids.add(traj.episode_id)
         if group.complete:
             self.ready[group.group_id] = self.open.pop(group.group_id)
         return True
 
-    def take_batch(self, learner_version: int, num_groups: int, max_staleness: int) -> tuple[list[Group], list[Group]]:
-        """(groups to serve, groups dropped as stale). Serves only a full batch of num_groups."""
+    def take_batch(
+        self, learner_version: int, num_groups: int, max_staleness: int, max_bytes: int, now: float
+    ) -> tuple[BatchInFlight | None, list[Group]]:
+        """(the batch handed out, groups dropped as stale). Only a full batch of num_groups groups
+        is handed out, split into parts of at most `max_bytes` encoded (the learner's limit). Its
+        groups are served, not yet used: they go back to the ready groups unless confirm()ed
+        within batch_confirm_timeout_s (requeue_unconfirmed)."""
         stale = [g for g in self.ready.values() if learner_version - g.oldest_version > max_staleness]
         for g in stale:
             self.mark_served(g.group_id)
         if len(self.ready) < num_groups:
-            return [], stale
-        batch = list(self.ready.values())[:num_groups]
-        for g in batch:
-            self.mark_served(g.group_id)
+            return None, stale
+        groups = list(self.ready.values())[:num_groups]
+        parts = pack_parts(groups, max_bytes - BATCH_ENVELOPE_BYTES)  # ValueError: a trajectory alone is too big
+        batch = BatchInFlight(uuid.uuid4().hex, groups, parts, now)
+        for g in groups:
+            del self.ready[g.group_id]
+        self.in_flight[batch.batch_id] = batch
         return batch, stale
+
+    def confirm(self, batch_id: str) -> list[str] | None:
+        """The learner has used the batch: its groups are served for good. Their ids, or None for
+        a batch not in flight (confirmed before, or re-served since)."""
+        batch = self.in_flight.pop(batch_id, None)
+        if batch is None:
+            return None
+        for g in batch.groups:
+            self.mark_served(g.group_id)
+        return batch.group_ids
+
+    def requeue_unconfirmed(self, now: float, all_batches: bool = False) -> int:
+        """Unconfirmed batches older than batch_confirm_timeout_s (every one if `all_batches`: the
+        learner restarted) give their groups back, ahead of the other ready groups. Returns the
+        number of groups requeued."""
+        expired = [
+            b for b in self.in_flight.values() if all_batches or now - b.served_at > self.cfg.batch_confirm_timeout_s
+        ]
+        back = [g for b in expired for g in b.groups]
+        for b in expired:
+            del self.in_flight[b.batch_id]
+        rest = list(self.ready.values())
+        self.ready = OrderedDict((g.group_id, g) for g in back + rest)
+        return len(back)
 
     def mark_served(self, group_id: str) -> None:
         self.ready.pop(group_id, None)
@@ -138,44 +176,121 @@ class ReplayBuffer:
         self.served.add(group_id)
 
 
+@dataclass
+class BatchInFlight:
+    """A batch handed to the learner and not yet confirmed: its groups, and its trajectories in
+    parts that each fit the learner's message limit (one Batch message per part)."""
+
+    batch_id: str
+    groups: list[Group]
+    parts: list[list[Trajectory]]
+    served_at: float  # when its first part was handed out
+
+    @property
+    def group_ids(self) -> list[str]:
+        return [g.group_id for g in self.groups]
+
+
+def pack_parts(groups: list[Group], budget: int) -> list[list[Trajectory]]:
+    """The groups' trajectories in order, cut into consecutive parts of at most `budget` encoded
+    bytes each. ValueError if one trajectory alone is over the budget (the door refuses those:
+    replay_buffer.max_trajectory_bytes)."""
+    parts: list[list[Trajectory]] = [[]]
+    used = 0
+    for g in groups:
+        for slot, traj in sorted(g.trajectories.items()):
+            size = g.sizes.get(slot, 0)
+            if size > budget:
+                raise ValueError(f"trajectory {traj.episode_id} is {size} bytes, over the learner's {budget}")
+            if parts[-1] and used + size > budget:
+                parts.append([])
+                used = 0
+            parts[-1].append(traj)
+            used += size
+    return parts
+
+
+# BufferLog record tags.
+TRAJECTORY_TAG = b"T"  # an accepted trajectory, its encoded frames (pack_frames)
+SERVED_TAG = b"S"  # a group id: confirmed by the learner, or dropped as stale
+LOG_TAGS = (TRAJECTORY_TAG, SERVED_TAG)
+
+
+@dataclass
+class Replayed:
+    """What a replay found: records applied, records skipped by fault, bytes cut from a torn tail."""
+
+    records: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # fault -> count (protocol/records.py's faults, undecodable)
+    skipped_bytes: int = 0  # bytes of skipped records before intact ones: left in the file
+    truncated_bytes: int = 0  # a torn tail: cut so appends start clean
+
+
 class BufferLog:
-    """Append-only records: b'T' + encoded trajectory, or b'S' + served group id."""
+    """Append-only log of checksummed records (protocol/records.py): `T` + an accepted trajectory,
+    `S` + a served group id. A record is in the OS before the call returns (durability `flush`),
+    on disk (`fsync`), or on disk at the next sync() (`group`: the caller holds the Acks until then)."""
 
-    _HEADER = struct.Struct("<cQ")
-
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, durability: Durability):  # replay_buffer.durability
+        self.path, self.durability = path, durability
         self.file = open(path, "ab")
+        self.unsynced = 0  # records written since the last fsync
+        self.fsyncs = 0
 
     def append_trajectory(self, frames) -> None:
-        self._append(b"T", pack_frames(frames))
+        self._append(TRAJECTORY_TAG, pack_frames(frames))
 
     def append_served(self, group_id: str) -> None:
-        self._append(b"S", group_id.encode())
+        self._append(SERVED_TAG, group_id.encode())
 
     def _append(self, tag: bytes, payload: bytes) -> None:
-        self.file.write(self._HEADER.pack(tag, len(payload)) + payload)
+        self.file.write(frame_record(tag, payload))
         self.file.flush()  # in the OS before the Ack: a crashed process loses nothing
+        self.unsynced += 1
+        if self.durability == Durability.fsync:
+            self.sync()
+
+    def sync(self) -> None:
+        """fsync what was written since the last one (group commit: once for many records)."""
+        if self.unsynced:
+            os.fsync(self.file.fileno())
+            self.unsynced = 0
+            self.fsyncs += 1
+
+    def close(self) -> None:
+        self.sync()
+        self.file.close()
 
     @classmethod
-    def replay(cls, path: Path, buffer: ReplayBuffer) -> int:
-        """Feed a previous run's records into `buffer`; returns the number of records read."""
+    def replay(cls, path: Path, buffer: ReplayBuffer) -> Replayed:
+        """Feed a previous run's intact records into `buffer`. A corrupt record is skipped and
+        counted and every intact one after it kept (the file is not changed); only a torn tail
+        (bytes after the last intact record that form no record) is cut."""
+        result = Replayed()
         if not path.exists():
-            return 0
-        data, pos, count = path.read_bytes(), 0, 0
-        while pos + cls._HEADER.size <= len(data):
-            tag, size = cls._HEADER.unpack_from(data, pos)
-            payload = data[pos + cls._HEADER.size : pos + cls._HEADER.size + size]
-            if len(payload) < size:
-                break
-            pos += cls._HEADER.size + size
-            count += 1
-            if tag == b"T":
-                buffer.add(decode(unpack_frames(payload)))
-            elif tag == b"S":
-                buffer.mark_served(payload.decode())
-        if pos < len(data):  # a record torn by a crash mid-write: cut it so appends start clean
-            log.warning("dropping a torn record of %d bytes at the end of %s", len(data) - pos, path)
+            return result
+        data = path.read_bytes()
+        if data and not data.startswith(RECORD_MAGIC):
+            raise RuntimeError(
+                f"{path} is not a checksummed buffer log (written before records had checksums): "
+                "start the run in a new run_dir (protocol/README.md, Records at rest)"
+            )
+        found: Scan = scan(data, LOG_TAGS)
+        skipped = dict(found.skipped)
+        for tag, payload in found.records:
+            try:
+                if tag == TRAJECTORY_TAG:
+                    buffer.add(decode(unpack_frames(payload)), len(payload))
+                else:
+                    buffer.mark_served(payload.decode())
+            except (ProtocolError, ValueError) as exc:  # intact but not ours to read (msgpack errors are ValueErrors)
+                skipped["undecodable"] = skipped.get("undecodable", 0) + 1
+                log.warning("skipping an undecodable %r record in %s: %s", tag, path, str(exc)[:200])
+                continue
+            result.records += 1
+        result.skipped, result.skipped_bytes = skipped, found.skipped_bytes
+        if found.torn_tail_bytes:  # a record torn by a crash mid-write: cut it so appends start clean
+            result.truncated_bytes = found.torn_tail_bytes
             with open(path, "r+b") as f:
-                f.truncate(pos)
-        return count
+                f.truncate(found.intact_end)
+        return result

@@ -6,6 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from common.choices import Choice
+
+
+class Durability(Choice):
+    """When an accepted trajectory's log record is on disk, relative to its Ack (replay_buffer.durability)."""
+
+    flush = "flush"  # written to the OS before the Ack: survives the process's kill -9, not a power loss
+    fsync = "fsync"  # fsync'd before each Ack: survives a power loss too, one disk sync per record
+    group = "group"  # group commit: Acks wait for one fsync every group_commit_ms covering all their records
+
 
 @dataclass
 class ReplayBufferConfig:
@@ -19,3 +29,11 @@ class ReplayBufferConfig:
     assignment_timeout_s: float = 1800.0  # a slot not returned by then is handed out again
     batch_poll_s: float = 2.0  # the learner's wait before asking again while too few groups are complete
     log_file: str = "buffer.log"  # inside run_dir: append-only log of accepted trajectories
+    durability: Durability = Durability.flush  # flush | fsync | group: when a record is on disk vs its Ack
+    group_commit_ms: float = 5.0  # durability=group: the longest an Ack waits for the fsync covering it
+    # A batch served to the learner is re-served unless the learner confirms it (BatchConfirm) within this
+    # (a learner that asks for a new batch without confirming the last one has restarted: re-served at once).
+    batch_confirm_timeout_s: float = 1800.0
+    # Encoded trajectories larger than this are refused at the door (ErrorReply too_large): every accepted
+    # one must fit a Batch the learner accepts (protocol DEFAULT_MAX_MESSAGE_BYTES, less the batch's envelope).
+    max_trajectory_bytes: int = 32 * 1024 * 1024

@@ -4,13 +4,17 @@ It hands out rollout slots in GRPO groups (G rollouts of one (task, variation), 
 group, drawn with EMPO2's p and q), collects the finished trajectories, and serves the learner
 batches of complete groups, dropping groups that are too stale for the learner's version.
 
-Durability: every accepted trajectory is appended to a log (the protocol's own encoding) before
-it is acknowledged, and every group served to the learner is recorded there too. A restarted
-buffer replays the log: nothing acknowledged is lost, nothing served is served twice.
+Durability: every accepted trajectory is appended to a log of checksummed records (the
+protocol's own encoding) before it is acknowledged (replay_buffer.durability: in the OS, fsync'd,
+or group-committed), and every group the learner confirms (or that is dropped as stale) is
+recorded there too. A restarted buffer replays the log: nothing acknowledged is lost, nothing
+confirmed is served twice, and a corrupt record costs that record only. A batch is served in
+parts that fit the learner's message limit and stays the buffer's until the learner confirms it
+(re-served after batch_confirm_timeout_s, or at once when the learner asks anew: it restarted).
 
 Socket: ROUTER bound at endpoints.replay_buffer.
-  in : Ping, AssignmentRequest (actors), AssignmentReturn (actors), Trajectory (actors), BatchRequest (learner)
-  out: Pong, Assignment | Wait, Ack, Batch | Wait, ErrorReply
+  in : Ping, AssignmentRequest, AssignmentReturn, Trajectory (actors), BatchRequest, BatchConfirm (learner)
+  out: Pong, Assignment | Wait, Ack, Batch | Wait, Ack, ErrorReply
 
 Run: `empo2-replay-buffer [key=value ...]`.
 """
@@ -22,23 +26,27 @@ import time
 
 from common.metrics import ReplayBufferMetrics
 from common.process import run_role
-from common.server import serve_requests
+from common.server import AfterCommit, serve_requests
 from pipeline.cli import role_config
 from pipeline.config import PipelineConfig
 from protocol import encode
+from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES
 from protocol.messages import (
     Ack,
     Assignment,
     AssignmentRequest,
     AssignmentReturn,
     Batch,
+    BatchConfirm,
     BatchRequest,
+    ErrorReply,
     Ping,
     Pong,
     Trajectory,
     Wait,
 )
-from replay_buffer.buffer import BufferLog, ReplayBuffer
+from replay_buffer.buffer import BatchInFlight, BufferLog, ReplayBuffer
+from replay_buffer.config import Durability
 
 log = logging.getLogger("replay_buffer")
 
@@ -52,16 +60,8 @@ class BufferProcess:
         self.buffer = ReplayBuffer(cfg.replay_buffer, variations, cfg.seed)
         self.metrics = ReplayBufferMetrics()
         log_path = cfg.run_path(cfg.replay_buffer.log_file)
-        replayed = BufferLog.replay(log_path, self.buffer)
-        if replayed:
-            log.info(
-                "replayed %d records from %s: %d groups ready, %d open",
-                replayed,
-                log_path,
-                len(self.buffer.ready),
-                len(self.buffer.open),
-            )
-        self.log = BufferLog(log_path)
+        self.report_replay(log_path, BufferLog.replay(log_path, self.buffer))
+        self.log = BufferLog(log_path, cfg.replay_buffer.durability)
         self.learner_version = 0
         self.handlers = {  # what this server answers (common/server.py: anything else is an unexpected kind)
             Ping: self.ping,
@@ -69,11 +69,63 @@ class BufferProcess:
             AssignmentReturn: self.return_assignment,
             Trajectory: self.add_trajectory,
             BatchRequest: self.batch,
+            BatchConfirm: self.confirm,
         }
 
+    def report_replay(self, log_path, replayed) -> None:
+        """The replay's outcome in the log and the metrics: what was read, what was skipped and why."""
+        self.metrics.log_records_replayed.set(replayed.records)
+        for fault, count in replayed.skipped.items():
+            self.metrics.log_records_skipped.labels(fault).inc(count)
+        if replayed.records:
+            log.info(
+                "replayed %d records from %s: %d groups ready, %d open",
+                replayed.records,
+                log_path,
+                len(self.buffer.ready),
+                len(self.buffer.open),
+            )
+        if replayed.skipped:
+            log.warning(
+                "%s: skipped %d corrupt records (%s; %d bytes left in place) and kept every intact record; "
+                "cut a torn tail of %d bytes",
+                log_path,
+                sum(replayed.skipped.values()),
+                ", ".join(f"{fault} {n}" for fault, n in sorted(replayed.skipped.items())),
+                replayed.skipped_bytes,
+                replayed.truncated_bytes,
+            )
+
     def run(self) -> None:
-        log.info("replay buffer on %s; targets %s", self.cfg.endpoints.replay_buffer, self.buffer.targets)
-        serve_requests(self.cfg.endpoints.replay_buffer, self.handlers, self.metrics)
+        log.info(
+            "replay buffer on %s; targets %s; log durability %s",
+            self.cfg.endpoints.replay_buffer,
+            self.buffer.targets,
+            self.cfg.replay_buffer.durability,
+        )
+        try:
+            serve_requests(
+                self.cfg.endpoints.replay_buffer,
+                self.handlers,
+                self.metrics,
+                commit=self.commit,
+                commit_interval_s=self.cfg.replay_buffer.group_commit_ms / 1000,
+            )
+        finally:
+            self.log.close()
+
+    def commit(self) -> None:
+        """Group commit: one fsync for every record whose Ack is held (common/server.py, AfterCommit)."""
+        t0 = time.perf_counter()
+        self.log.sync()
+        self.metrics.log_fsync_seconds.observe(time.perf_counter() - t0)
+
+    def durable(self, reply):
+        """`reply` as it may go out under replay_buffer.durability: at once (flush; fsync has
+        synced in the append), or after the next group commit."""
+        if self.cfg.replay_buffer.durability == Durability.group and self.log.unsynced:
+            return AfterCommit(reply)
+        return reply
 
     def ping(self, msg: Ping) -> Pong:
         return Pong(role="replay_buffer", policy_version=self.learner_version, ready=True)
@@ -93,35 +145,86 @@ class BufferProcess:
         log.info("%s returned %s/%d%s", msg.actor_id, msg.group_id[:8], msg.slot, "" if released else " (no lease)")
         return Ack(ref=f"{msg.group_id}/{msg.slot}", detail="released" if released else "no lease")
 
-    def add_trajectory(self, msg: Trajectory) -> Ack:
-        """Persisted before the Ack; a duplicate (a re-sent upload) is acknowledged and counted."""
-        if self.buffer.add(msg):
-            self.log.append_trajectory(encode(msg))
+    def add_trajectory(self, msg: Trajectory) -> Ack | ErrorReply | AfterCommit:
+        """Persisted before the Ack; a duplicate (a re-sent upload) is acknowledged and counted.
+        One too large to fit any Batch the learner accepts is refused (too_large)."""
+        frames = encode(msg)
+        nbytes = sum(len(memoryview(f)) for f in frames)
+        limit = self.cfg.replay_buffer.max_trajectory_bytes
+        if nbytes > limit:
+            self.metrics.rejected.labels("too_large").inc()
+            return ErrorReply(
+                reason="too_large",
+                detail=f"trajectory of {nbytes} bytes is over replay_buffer.max_trajectory_bytes ({limit})",
+            )
+        if self.buffer.add(msg, nbytes):
+            self.log.append_trajectory(frames)
             self.metrics.trajectories.labels(msg.mode).inc()
             self.metrics.trajectories_success.labels(msg.mode).inc(int(msg.success))
         else:
             self.metrics.duplicates.inc()
         self.metrics.groups_ready.set(len(self.buffer.ready))
-        return Ack(ref=msg.episode_id)
+        return self.durable(Ack(ref=msg.episode_id))
 
-    def batch(self, req: BatchRequest) -> Batch | Wait:
+    def batch(self, req: BatchRequest) -> Batch | Wait | ErrorReply:
+        """A part of the batch in flight (req.batch_id), or a new batch: the learner's first ask
+        after a restart also gives back every batch it never confirmed."""
+        now = time.time()
+        if req.batch_id:
+            in_flight = self.buffer.in_flight.get(req.batch_id)
+            if in_flight is None or req.part >= len(in_flight.parts):
+                return ErrorReply(
+                    reason="unknown_batch", detail=f"no part {req.part} of batch {req.batch_id} in flight"
+                )
+            return self._part(in_flight, req.part, 0)
+        self.metrics.groups_requeued.inc(self.buffer.requeue_unconfirmed(now, all_batches=True))
         self.learner_version = req.learner_version
         self.metrics.policy_version.set(req.learner_version)
-        groups, stale = self.buffer.take_batch(req.learner_version, req.num_groups, req.max_staleness)
-        for g in stale + groups:
+        max_bytes = req.max_bytes or DEFAULT_MAX_MESSAGE_BYTES
+        try:
+            batch, stale = self.buffer.take_batch(
+                req.learner_version, req.num_groups, req.max_staleness, max_bytes, now
+            )
+        except ValueError as exc:  # a trajectory over the learner's limit (a learner with a smaller one)
+            self.metrics.rejected.labels("too_large").inc()
+            return ErrorReply(reason="too_large", detail=str(exc))
+        for g in stale:
             self.log.append_served(g.group_id)
         self.metrics.groups_dropped_stale.inc(len(stale))
         self.metrics.groups_ready.set(len(self.buffer.ready))
-        if not groups:
-            return Wait(
-                retry_after_s=self.cfg.replay_buffer.batch_poll_s, reason=f"{len(self.buffer.ready)} groups ready"
+        if batch is None:
+            return self.durable(
+                Wait(retry_after_s=self.cfg.replay_buffer.batch_poll_s, reason=f"{len(self.buffer.ready)} groups ready")
             )
-        self.metrics.groups_served.inc(len(groups))
-        trajectories = [t for g in groups for _, t in sorted(g.trajectories.items())]
-        for t in trajectories:
+        self.metrics.groups_served.inc(len(batch.groups))
+        for t in (t for part in batch.parts for t in part):
             for v in t.policy_versions.tolist():
                 self.metrics.staleness.observe(req.learner_version - v)
-        return Batch(trajectories=trajectories, dropped_stale=len(stale))
+        return self.durable(self._part(batch, 0, len(stale)))
+
+    def _part(self, batch: BatchInFlight, part: int, dropped_stale: int) -> Batch:
+        self.metrics.batch_parts.inc()
+        return Batch(
+            trajectories=batch.parts[part],
+            dropped_stale=dropped_stale,
+            batch_id=batch.batch_id,
+            part=part,
+            num_parts=len(batch.parts),
+        )
+
+    def confirm(self, msg: BatchConfirm) -> Ack | AfterCommit:
+        """The learner used the batch: its groups are served for good, on record before the Ack.
+        Other batches past their confirm timeout go back to the ready groups here (and all of them
+        at a request for a new batch)."""
+        group_ids = self.buffer.confirm(msg.batch_id)
+        self.metrics.groups_requeued.inc(self.buffer.requeue_unconfirmed(time.time()))
+        if group_ids is None:
+            self.metrics.confirms_unknown.inc()
+            return Ack(ref=msg.batch_id, detail="not in flight: confirmed before, or re-served since")
+        for group_id in group_ids:
+            self.log.append_served(group_id)
+        self.metrics.groups_confirmed.inc(len(group_ids))
+        return self.durable(Ack(ref=msg.batch_id, detail=f"{len(group_ids)} groups confirmed"))
 
 
 def train_variations(tasks: list[str], simplification: str) -> dict[str, list[int]]:

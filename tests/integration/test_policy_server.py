@@ -98,7 +98,9 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     # perturb every tensor (the tied embedding too) and push it as version 1
     torch.manual_seed(0)
     perturb(model)
-    timing = push_weights([client], build_chunks(weight_tensors(model), version=1, chunk_bytes=32 << 20), timeout_s=300)
+    timing = push_weights(
+        [client], build_chunks(weight_tensors(model), version=1, chunk_bytes=32 << 20), timeout_s=300, attempts=1
+    )
     assert 0 < timing.engine_seconds < timing.seconds  # the server reports its engine's part
     after = greedy(client, prompt)
     assert after.policy_version == 1
@@ -108,7 +110,7 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
 
     # the same through a weight file in shared memory (weight_sync.method=shm): versions 2 and 3,
     # the second rewriting the same file in place
-    pusher = WeightPusher(WeightSyncConfig(method="shm"), [client], 300.0, 1, shm_name=f"test-{os.getpid()}")
+    pusher = WeightPusher(WeightSyncConfig(method="shm"), [client], 300.0, 1, 1, shm_name=f"test-{os.getpid()}")
     try:
         for version in (2, 3):
             perturb(model)
@@ -128,7 +130,7 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     checkpoint = tmp_path / "checkpoints" / "step_000004"
     model.save_pretrained(checkpoint)  # the HF format: the tied lm_head is not in the file
     weights = str(checkpoint / "model.safetensors")
-    push_weight_file([client], weights, file_checksum(weights), version=4, timeout_s=300)
+    push_weight_file([client], weights, file_checksum(weights), version=4, timeout_s=300, attempts=1)
     via_checkpoint = greedy(client, prompt)
     assert via_checkpoint.policy_version == 4
     assert np.abs(learner_logprobs(model, prompt, via_checkpoint) - via_checkpoint.logprobs).max() < 1e-3
@@ -151,7 +153,9 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
         assert time.monotonic() < deadline, "the long generation never started"
         time.sleep(0.05)
     perturb(model)
-    push_weights([client], build_chunks(weight_tensors(model), version=5, chunk_bytes=32 << 20), timeout_s=300)
+    push_weights(
+        [client], build_chunks(weight_tensors(model), version=5, chunk_bytes=32 << 20), timeout_s=300, attempts=1
+    )
     generation.join(900)
     long_client.close()
     (reply,) = replies
@@ -177,6 +181,7 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
         [client],
         build_chunks(adapter, version=6, chunk_bytes=32 << 20, lora_scale=lora_scale(lora_model)),
         timeout_s=300,
+        attempts=1,
     )
     via_lora = greedy(client, prompt)
     assert via_lora.policy_version == 6

@@ -19,11 +19,11 @@ def kinds(server) -> list[str]:
     return [m.KIND for m in server.received]
 
 
-def _worker(endpoint: str, retry_after_s: float) -> EnvWorker:
+def _worker(endpoint: str, retry_after_s: float, timeout_s: float = 0.3) -> EnvWorker:
     cfg = load_config(
         [
             f"endpoints.memory_service={endpoint}",
-            "env_actor.memory_timeout_s=0.3",
+            f"env_actor.memory_timeout_s={timeout_s}",
             f"env_actor.memory_retry_after_s={retry_after_s}",
         ]
     )
@@ -31,7 +31,8 @@ def _worker(endpoint: str, retry_after_s: float) -> EnvWorker:
 
 
 def test_memory_down_falls_back_then_recovers(free_endpoint, stub_server):
-    worker = _worker(free_endpoint, retry_after_s=1.0)
+    # a timeout long enough for the stub's first answer on a loaded 2-core machine
+    worker = _worker(free_endpoint, retry_after_s=1.0, timeout_s=2.0)
     try:
         assert worker.retrieve("t", 0, "state") is None  # nothing listens: fallback after the timeout
         memory = stub_server(lambda msg: TIPS, free_endpoint)

@@ -34,7 +34,7 @@ def _free_port() -> int:
 def test_nccl_refused_clearly_without_gpu():
     # device=auto passes the load (a GPU may be there); the roles refuse at start-up
     with pytest.raises(RuntimeError, match="needs a CUDA GPU.*weight_sync.method=zmq"):
-        WeightPusher(WeightSyncConfig(method="nccl"), [], 300.0, 1)
+        WeightPusher(WeightSyncConfig(method="nccl"), [], 300.0, 1, 1)
     with pytest.raises(RuntimeError, match="NCCL weight transfer.*CUDA GPU"):
         check_weight_sync("nccl", "cpu")
     check_weight_sync("shm", "cpu")  # the CPU methods pass

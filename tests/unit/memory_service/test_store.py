@@ -285,3 +285,34 @@ def test_empty_store_retrieves_nothing(open_store):
     store = open_store()
     assert store.retrieve("k", QUERY, -1.0, 10) == []
     assert store.stats() == (0, 0)
+
+
+# ----------------------------------------------------------------------- the reflection queue
+
+
+def test_queued_reports_persist_until_their_entries_are_stored_in_the_same_transaction(tmp_path):
+    path = tmp_path / "m.sqlite"
+    store = MemoryStore(path, capacity=10)
+    first = store.queue_report("ep1", b"record 1")
+    second = store.queue_report("ep2", b"record 2")
+    assert store.queue_report("ep1", b"again") is None  # one queued report per episode
+    store.close()  # (a kill -9 loses nothing more: each queue_report was committed)
+    store = MemoryStore(path, capacity=10)
+    assert store.pending_reports() == [(first, b"record 1"), (second, b"record 2")]
+    store.add("k", [entry("a")], np.stack([at_cos(0.9)]), done_report=first)
+    assert store.pending_reports() == [(second, b"record 2")]
+    store.close()
+    store = MemoryStore(path, capacity=10)
+    assert tips(store.retrieve("k", QUERY, 0.5, 10)) == ["tip a"]
+    assert store.pending_reports() == [(second, b"record 2")]
+    store.close()
+
+
+def test_a_report_whose_reflection_keeps_failing_is_given_up_after_its_attempts(tmp_path):
+    store = MemoryStore(tmp_path / "m.sqlite", capacity=10)
+    report = store.queue_report("ep", b"r")
+    assert store.report_failed(report, max_attempts=3)
+    assert store.report_failed(report, max_attempts=3)
+    assert not store.report_failed(report, max_attempts=3)
+    assert store.pending_reports() == []
+    store.close()

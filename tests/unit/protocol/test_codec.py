@@ -31,6 +31,7 @@ from protocol.messages import (
     AssignmentRequest,
     AssignmentReturn,
     Batch,
+    BatchConfirm,
     BatchRequest,
     EpisodeReport,
     ErrorReply,
@@ -157,6 +158,7 @@ SAMPLES: dict[str, callable] = {
     "assignment": lambda: Assignment(group_id="g1", slot=3, task="boil", variation=11, mode=OFF_POLICY, seed=2**31 - 1),
     "trajectory": lambda: make_trajectory(mode=ON_POLICY_TIPS, tip_spans=np.array([[0, 1, 4], [1, 0, 3]], np.int32)),
     "batch_request": lambda: BatchRequest(learner_version=5, num_groups=2, max_staleness=4),
+    "batch_confirm": lambda: BatchConfirm(batch_id="b1"),
     "batch": lambda: Batch(
         trajectories=[
             make_trajectory(episode_id="a", slot=0),

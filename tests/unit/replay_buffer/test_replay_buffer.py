@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from protocol.codec import encode
+from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES, encode
 from protocol.messages import MODES, OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Assignment, Trajectory
 from replay_buffer.buffer import BufferLog, ReplayBuffer, draw_mode
-from replay_buffer.config import ReplayBufferConfig
+from replay_buffer.config import Durability, ReplayBufferConfig
 
 VARIATIONS = {"boil": [4, 9, 13], "melt": [1, 2], "unused": [0]}
 
@@ -48,9 +48,10 @@ def make_traj(
     variation: int = 4,
     mode: str = ON_POLICY,
     versions: tuple[int, ...] = (5, 5),
+    prompt_len: int = 3,
 ) -> Trajectory:
-    """A valid trajectory (passes Trajectory.validate) with one 3-token prompt and 2-token
-    response per turn."""
+    """A valid trajectory (passes Trajectory.validate) with one `prompt_len`-token prompt and
+    2-token response per turn."""
     n = len(versions)
     traj = Trajectory(
         episode_id=episode_id or f"{group_id}-{slot}",
@@ -62,8 +63,8 @@ def make_traj(
         mode=mode,
         score=float(10 * slot),
         done=True,
-        prompt_token_ids=np.arange(3 * n, dtype=np.int32),
-        prompt_offsets=np.arange(0, 3 * n + 1, 3, dtype=np.int64),
+        prompt_token_ids=(np.arange(prompt_len * n) % 1000).astype(np.int32),
+        prompt_offsets=np.arange(0, prompt_len * n + 1, prompt_len, dtype=np.int64),
         response_token_ids=np.arange(2 * n, dtype=np.int32),
         response_offsets=np.arange(0, 2 * n + 1, 2, dtype=np.int64),
         behaviour_logprobs=np.full(2 * n, -0.5, np.float32),
@@ -75,6 +76,15 @@ def make_traj(
     )
     traj.validate()
     return traj
+
+
+def take(buffer: ReplayBuffer, learner_version: int, num_groups: int, max_staleness: int, now: float = 0.0):
+    """take_batch with the learner's default limit, confirmed at once: (groups used, groups stale)."""
+    batch, stale = buffer.take_batch(learner_version, num_groups, max_staleness, DEFAULT_MAX_MESSAGE_BYTES, now)
+    if batch is None:
+        return [], stale
+    assert buffer.confirm(batch.batch_id) == batch.group_ids
+    return batch.groups, stale
 
 
 def traj_for(a: Assignment, **kw) -> Trajectory:
@@ -274,7 +284,7 @@ def test_group_becomes_ready_only_when_complete():
     gid = a0.group_id
     assert buffer.add(traj_for(a0)) and buffer.add(traj_for(a2))
     assert gid in buffer.open and gid not in buffer.ready
-    assert buffer.take_batch(5, 1, 4) == ([], [])
+    assert take(buffer, 5, 1, 4) == ([], [])
     assert buffer.add(traj_for(a1))
     assert gid in buffer.ready and gid not in buffer.open
     assert sorted(buffer.ready[gid].trajectories) == [0, 1, 2]
@@ -294,7 +304,7 @@ def test_trajectory_of_an_unknown_group_opens_it_and_its_other_slots_are_assigne
 def test_trajectory_of_a_served_group_is_rejected():
     buffer = make_buffer(group_size=2)
     gid = complete_group(buffer)
-    batch, _ = buffer.take_batch(5, 1, 4)
+    batch, _ = take(buffer, 5, 1, 4)
     assert [g.group_id for g in batch] == [gid]
     late = make_traj(gid, 0, episode_id="late")
     assert not buffer.add(late)
@@ -307,22 +317,22 @@ def test_trajectory_of_a_served_group_is_rejected():
 def test_take_batch_serves_only_full_batches():
     buffer = make_buffer(group_size=2, max_open_groups=4)
     first = complete_group(buffer)
-    assert buffer.take_batch(5, 2, 4) == ([], [])
+    assert take(buffer, 5, 2, 4) == ([], [])
     assert list(buffer.ready) == [first]  # still waiting
     second = complete_group(buffer)
-    batch, stale = buffer.take_batch(5, 2, 4)
+    batch, stale = take(buffer, 5, 2, 4)
     assert [g.group_id for g in batch] == [first, second] and stale == []
     assert buffer.ready == {} and buffer.served == {first, second}
-    assert buffer.take_batch(5, 1, 4) == ([], [])
+    assert take(buffer, 5, 1, 4) == ([], [])
 
 
 def test_take_batch_serves_oldest_complete_groups_first():
     buffer = make_buffer(group_size=2, max_open_groups=4)
     a, b, c = (complete_group(buffer) for _ in range(3))
-    batch, _ = buffer.take_batch(5, 2, 4)
+    batch, _ = take(buffer, 5, 2, 4)
     assert [g.group_id for g in batch] == [a, b]
     assert list(buffer.ready) == [c]
-    batch, _ = buffer.take_batch(5, 1, 4)
+    batch, _ = take(buffer, 5, 1, 4)
     assert [g.group_id for g in batch] == [c]
 
 
@@ -332,14 +342,14 @@ def test_groups_are_ordered_by_completion_not_by_creation():
     late = open_group(buffer)
     for a in late + early:
         assert buffer.add(traj_for(a))
-    batch, _ = buffer.take_batch(5, 2, 4)
+    batch, _ = take(buffer, 5, 2, 4)
     assert [g.group_id for g in batch] == [late[0].group_id, early[0].group_id]
 
 
 def test_batch_holds_every_trajectory_of_each_group():
     buffer = make_buffer(group_size=3)
     gid = complete_group(buffer)
-    (group,), _ = buffer.take_batch(5, 1, 4)
+    (group,), _ = take(buffer, 5, 1, 4)
     assert group.group_id == gid
     assert sorted(group.trajectories) == [0, 1, 2]
     assert {t.episode_id for t in group.trajectories.values()} == {f"{gid}-{s}" for s in range(3)}
@@ -350,11 +360,11 @@ def test_stale_groups_are_dropped_and_never_served_later():
     old = complete_group(buffer, versions=(1, 6))  # oldest turn: version 1
     edge = complete_group(buffer, versions=(2, 2))  # exactly max_staleness behind: kept
     fresh = complete_group(buffer, versions=(6, 6))
-    batch, stale = buffer.take_batch(learner_version=6, num_groups=2, max_staleness=4)
+    batch, stale = take(buffer, learner_version=6, num_groups=2, max_staleness=4)
     assert [g.group_id for g in stale] == [old]
     assert [g.group_id for g in batch] == [edge, fresh]
     assert old in buffer.served and old not in buffer.ready
-    assert buffer.take_batch(6, 1, 4) == ([], [])
+    assert take(buffer, 6, 1, 4) == ([], [])
     assert not buffer.add(make_traj(old, 0, episode_id="retry"))
 
 
@@ -362,10 +372,10 @@ def test_stale_groups_are_dropped_even_when_no_batch_is_served():
     buffer = make_buffer(group_size=2, max_open_groups=4)
     old = complete_group(buffer, versions=(0, 0))
     fresh = complete_group(buffer, versions=(9, 9))
-    batch, stale = buffer.take_batch(learner_version=10, num_groups=2, max_staleness=3)
+    batch, stale = take(buffer, learner_version=10, num_groups=2, max_staleness=3)
     assert batch == [] and [g.group_id for g in stale] == [old]
     assert list(buffer.ready) == [fresh]
-    batch, stale = buffer.take_batch(learner_version=10, num_groups=1, max_staleness=3)
+    batch, stale = take(buffer, learner_version=10, num_groups=1, max_staleness=3)
     assert [g.group_id for g in batch] == [fresh] and stale == []
 
 
@@ -390,7 +400,7 @@ def open_log():
     logs: list[BufferLog] = []
 
     def make(path: Path) -> BufferLog:
-        log = BufferLog(path)
+        log = BufferLog(path, Durability.flush)
         logs.append(log)
         return log
 
@@ -409,7 +419,7 @@ def _play(buffer: ReplayBuffer, log: BufferLog) -> dict[str, str]:
             traj = traj_for(a)
             assert buffer.add(traj)
             log.append_trajectory(encode(traj))
-    batch, stale = buffer.take_batch(5, 1, 4)
+    batch, stale = take(buffer, 5, 1, 4)
     assert [g.group_id for g in batch] == [ids["A"]] and stale == []
     log.append_served(ids["A"])
     return ids
@@ -422,7 +432,7 @@ def test_replay_restores_ready_and_open_groups_and_skips_served_ones(log_path, o
     log.file.close()
 
     restored = make_buffer(group_size=2, max_open_groups=3)
-    assert BufferLog.replay(log_path, restored) == 6  # 5 trajectories + 1 served record
+    assert BufferLog.replay(log_path, restored).records == 6  # 5 trajectories + 1 served record
     assert list(restored.ready) == [ids["C"]]
     assert list(restored.open) == [ids["B"]]
     assert sorted(restored.open[ids["B"]].trajectories) == [0]
@@ -435,9 +445,9 @@ def test_replay_restores_ready_and_open_groups_and_skips_served_ones(log_path, o
         assert restored_group.mode == live_group.mode
         assert (restored_group.task, restored_group.variation) == (live_group.task, live_group.variation)
     # A is never served again; C is
-    batch, stale = restored.take_batch(5, 1, 4)
+    batch, stale = take(restored, 5, 1, 4)
     assert [g.group_id for g in batch] == [ids["C"]] and stale == []
-    assert restored.take_batch(5, 1, 4) == ([], [])
+    assert take(restored, 5, 1, 4) == ([], [])
     # actors re-sending what was acknowledged before the restart are deduplicated
     assert not restored.add(make_traj(ids["A"], 1))
     assert not restored.add(live.open[ids["B"]].trajectories[0])
@@ -449,7 +459,7 @@ def test_replayed_trajectories_keep_their_arrays(log_path, open_log):
     log.append_trajectory(encode(original))
     log.file.close()
     restored = make_buffer(group_size=2)
-    assert BufferLog.replay(log_path, restored) == 1
+    assert BufferLog.replay(log_path, restored).records == 1
     traj = restored.open["g"].trajectories[0]
     assert traj.policy_versions.tolist() == [3, 4, 5]
     assert traj.prompt_offsets.dtype == np.int64
@@ -458,7 +468,7 @@ def test_replayed_trajectories_keep_their_arrays(log_path, open_log):
 
 def test_replay_of_a_missing_log_reads_nothing(tmp_path):
     buffer = make_buffer()
-    assert BufferLog.replay(tmp_path / "absent.log", buffer) == 0
+    assert BufferLog.replay(tmp_path / "absent.log", buffer).records == 0
     assert buffer.open == {} and buffer.ready == {}
 
 
@@ -469,7 +479,7 @@ def test_served_record_for_stale_groups_is_replayed(log_path, open_log):
     traj = traj_for(a, versions=(0,))
     live.add(traj)
     log.append_trajectory(encode(traj))
-    _, stale = live.take_batch(10, 1, 2)
+    _, stale = take(live, 10, 1, 2)
     assert [g.group_id for g in stale] == [a.group_id]
     log.append_served(a.group_id)
     log.file.close()
@@ -493,7 +503,7 @@ def test_replay_tolerates_a_torn_last_record(log_path, open_log, cut):
         log_path.write_bytes(data[:-cut])
 
     restored = make_buffer(group_size=2)
-    assert BufferLog.replay(log_path, restored) == 1
+    assert BufferLog.replay(log_path, restored).records == 1
     assert list(restored.open) == ["g"]
     assert sorted(restored.open["g"].trajectories) == [0]
     assert restored.ready == {}
@@ -507,7 +517,7 @@ def test_replay_tolerates_a_torn_served_record(log_path, open_log):
     log.file.close()
     log_path.write_bytes(log_path.read_bytes()[:-1])
     restored = make_buffer(group_size=2)
-    assert BufferLog.replay(log_path, restored) == 2
+    assert BufferLog.replay(log_path, restored).records == 2
     assert list(restored.ready) == ["g"]  # the served mark was lost, so it is served again
 
 
@@ -520,7 +530,7 @@ def test_records_appended_after_a_torn_tail_survive_the_next_restart(log_path, o
 
     # restart 1, in BufferProcess's order: replay, then open the log for appending
     first_restart = make_buffer(group_size=2)
-    assert BufferLog.replay(log_path, first_restart) == 1
+    assert BufferLog.replay(log_path, first_restart).records == 1
     log = open_log(log_path)
     late = make_traj("g", 1, episode_id="resent")
     assert first_restart.add(late)
@@ -570,7 +580,7 @@ def test_buffer_process_answers_its_message_types_and_refuses_others(tmp_path):
     finally:
         process.log.file.close()
     replayed = ReplayBuffer(cfg.replay_buffer, {"boil": [4]}, cfg.seed)
-    assert BufferLog.replay(tmp_path / cfg.replay_buffer.log_file, replayed) == 1
+    assert BufferLog.replay(tmp_path / cfg.replay_buffer.log_file, replayed).records == 1
     [record] = replayed.open[assignment.group_id].trajectories.values()
     assert record.success and record.generated_texts == traj.generated_texts
     np.testing.assert_array_equal(record.memory_retrieved, traj.memory_retrieved)

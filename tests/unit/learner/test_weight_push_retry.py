@@ -1,0 +1,91 @@
+"""A stalled weight push (issue 14: a SIGSTOPped policy server) times out with a clear error and
+is retried: the whole update is sent again, learner.push_attempts times in all. Real ZeroMQ
+sockets against a stub server that stops answering for a while."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+import pytest
+import torch
+import zmq
+
+from learner.weight_push import PushStalled, build_chunks, push_weight_file, push_weights
+from protocol import Client, bind_router, recv_request, send_reply
+from protocol.messages import WeightChunk, WeightUpdateAck
+
+
+class StallingServer:
+    """Answers weight updates; the first `stall` requests get no answer in time (hung)."""
+
+    def __init__(self, stall: int):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        self.sock = bind_router(zmq.Context.instance(), self.endpoint)
+        self.stall, self.received, self._stop = stall, [], threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            if not self.sock.poll(10, zmq.POLLIN):
+                continue
+            request = recv_request(self.sock)
+            self.received.append(request.message)
+            if len(self.received) <= self.stall:
+                continue  # hung: never answers this one
+            msg = request.message
+            last = not isinstance(msg, WeightChunk) or msg.chunk_index == msg.num_chunks - 1
+            ack = WeightUpdateAck(version=msg.version, chunk_index=getattr(msg, "chunk_index", 0), applied=last)
+            send_reply(self.sock, request.identity, ack)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close(linger=0)
+
+
+@pytest.fixture
+def server_factory():
+    servers = []
+
+    def make(stall: int) -> StallingServer:
+        servers.append(StallingServer(stall))
+        return servers[-1]
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def chunks(version: int) -> list[WeightChunk]:
+    return build_chunks([("w", torch.ones(4, 4)), ("b", torch.zeros(4))], version, chunk_bytes=64)
+
+
+def test_a_stalled_push_is_sent_again_and_goes_through(server_factory, caplog):
+    server = server_factory(stall=1)
+    client = Client(zmq.Context.instance(), server.endpoint, timeout_s=0.3)
+    try:
+        with caplog.at_level(logging.WARNING, logger="learner.weight_push"):
+            push_weights([client], chunks(3), timeout_s=0.3, attempts=3)
+        assert "weight push of v3 to" in caplog.text and "stalled" in caplog.text and "attempt 1 of 3" in caplog.text
+        assert len(server.received) == 1 + 2  # the stalled first chunk, then both chunks again
+    finally:
+        client.close()
+
+
+def test_a_push_that_stalls_every_attempt_fails_naming_the_server_and_the_keys(server_factory):
+    server = server_factory(stall=100)
+    client = Client(zmq.Context.instance(), server.endpoint, timeout_s=0.2)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(PushStalled, match=r"v4 to tcp://127.0.0.1:\d+ stalled.*2 attempts.*learner.push_attempts"):
+            push_weight_file([client], "/dev/shm/x.safetensors", "00", version=4, timeout_s=0.2, attempts=2)
+        assert time.monotonic() - t0 < 2
+        assert len(server.received) == 2
+    finally:
+        client.close()
