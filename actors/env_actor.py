@@ -490,6 +490,8 @@ class EnvWorker:
         reply = self._call_with_retry(self.buffer, trajectory, retries=self.acfg.upload_retries)
         if not isinstance(reply, Ack):
             raise RuntimeError(f"buffer answered {reply.KIND} to a trajectory")
+        # one line per stored episode: what an audit of the buffer's log checks against (tests/integration/test_fault_matrix.py)
+        log.info("episode %s of group %s/%d acknowledged", trajectory.episode_id, trajectory.group_id, trajectory.slot)
 
     def _call_with_retry(self, client: Client, msg, retries: int | None = None):
         """client.call(msg), again after each timeout: at most `retries` attempts, or until it is
