@@ -33,6 +33,8 @@ PROTOCOL_VERSION = 1
 ALLOWED_DTYPES = frozenset({"int32", "int64", "float32", "float16", "uint8"})
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_FRAMES = 4096
+# A rejection's explanation quotes at most this much of anything it was given.
+MAX_DETAIL_CHARS = 200
 
 
 class ProtocolError(ValueError):
@@ -51,6 +53,10 @@ class Message:
 
     def validate(self) -> None:
         """Semantic checks beyond types; override and raise ProtocolError("invalid", ...)."""
+
+    def check(self, limits: Any) -> None:
+        """Checks against what the receiving server knows (protocol.messages.DoorLimits: vocab size,
+        the run's tasks, text bounds); run at the server's door after validate(). Override."""
 
 
 _REGISTRY: dict[str, type[Message]] = {}
@@ -104,7 +110,8 @@ def decode(frames: Sequence[Any], max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) ->
     except ProtocolError:
         raise
     except Exception as exc:  # defensive: any parser surprise is a rejected message, not a crash
-        raise ProtocolError("malformed", f"{type(exc).__name__}: {exc}") from None
+        # bounded: a parser's message may quote the input (msgpack's ExtraData holds the data)
+        raise ProtocolError("malformed", f"{type(exc).__name__}: {str(exc)[:MAX_DETAIL_CHARS]}") from None
 
 
 def _decode(frames: Sequence[Any], max_bytes: int) -> Message:

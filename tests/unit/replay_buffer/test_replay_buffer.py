@@ -60,7 +60,7 @@ def make_traj(
         task=task,
         variation=variation,
         mode=mode,
-        score=float(10 * slot),
+        score=float(10 * slot % 100),
         done=True,
         prompt_token_ids=np.arange(3 * n, dtype=np.int32),
         prompt_offsets=np.arange(0, 3 * n + 1, 3, dtype=np.int64),
@@ -236,7 +236,7 @@ def test_wrong_mode_for_the_group_is_rejected():
     assert buffer.add(traj_for(a0))  # the slot is still free for the right mode
 
 
-@pytest.mark.parametrize("slot", [-1, 3, 99])
+@pytest.mark.parametrize("slot", [3, 99])  # a negative slot never decodes (Trajectory.validate)
 def test_out_of_range_slot_of_a_known_group_is_rejected(slot):
     buffer = make_buffer(group_size=3)
     a0, _, _ = open_group(buffer)
