@@ -11,6 +11,7 @@ the database at start-up, so a restart loses nothing that was accepted.
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import threading
 from dataclasses import dataclass, field
@@ -74,6 +75,10 @@ class _Memory:
         return [(self.entries[i], float(similarity[i])) for i in order]
 
 
+def _finite(score) -> bool:
+    return isinstance(score, (int, float)) and math.isfinite(score)
+
+
 def memory_key(kind: str, task: str, variation: int) -> str:
     if kind == "task_variation":
         return f"{task}/{variation}"
@@ -94,8 +99,15 @@ class MemoryStore:
         self.db.execute(
             "CREATE TABLE IF NOT EXISTS entries (id INTEGER PRIMARY KEY, key TEXT, tip TEXT, score REAL, state TEXT, vector BLOB)"
         )
-        evicted = []  # rows over a capacity lowered since the last run
+        evicted = []  # rows over a capacity lowered since the last run, and unusable rows
+        self.unusable_rows = 0
         for row_id, key, tip, score, state, blob in self.db.execute("SELECT * FROM entries ORDER BY id").fetchall():
+            # SQLite stores a NaN score as NULL: such a row (written before scores were checked) would
+            # break every MemoryResult that retrieves it, so it is dropped, as is any other bad row
+            if not (_finite(score) and isinstance(tip, str) and isinstance(state, str) and isinstance(blob, bytes)):
+                evicted.append(row_id)
+                self.unusable_rows += 1
+                continue
             evicted.append(self._insert(key, row_id, Entry(tip, score, state), np.frombuffer(blob, np.float32)))
         with self.db:
             self.db.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in evicted if i is not None])
@@ -105,6 +117,8 @@ class MemoryStore:
         added = 0
         with self.lock, self.db:
             for entry, vector in zip(entries, vectors):
+                if not _finite(entry.score):  # EpisodeReport.validate refuses these; never store one
+                    continue
                 memory = self.memories.get(key)
                 if memory is not None and (entry.tip, entry.state) in memory.seen:
                     continue

@@ -69,13 +69,13 @@ class DoorLimits:
     validate(). A refusal is ProtocolError(reason), answered with ErrorReply and counted
     (common/server.py). 0 or empty means "not checked"."""
 
-    vocab_size: int = 0  # token ids must lie in [0, vocab_size): the model's config.json
-    tasks: frozenset[str] = frozenset()  # the run's tasks: anything else would become a metric label
-    max_turns: int = 0  # turns of an episode: the largest step limit of env
-    max_observation_chars: int = 0  # per observation (Trajectory, EpisodeReport)
-    max_action_chars: int = 0  # per action
-    max_state_chars: int = 0  # MemoryQuery.state: embedded per query, the cost of one query
-    max_task_description_chars: int = 0  # EpisodeReport.task_description
+    vocab_size: int  # token ids must lie in [0, vocab_size): the model's config.json
+    tasks: frozenset[str]  # the run's tasks: anything else would become a metric label
+    max_turns: int  # turns of an episode: the largest step limit of env
+    max_observation_len: int  # characters per observation (Trajectory, EpisodeReport)
+    max_action_len: int  # per action
+    max_state_len: int  # MemoryQuery.state: embedded per query, the cost of one query
+    max_task_description_len: int  # EpisodeReport.task_description
 
     def texts(self, name: str, texts: list[str], limit: int) -> None:
         if limit:
@@ -483,8 +483,8 @@ class Trajectory(Message):
         limits.turns(self.num_turns)
         limits.token_ids("prompt_token_ids", self.prompt_token_ids)
         limits.token_ids("response_token_ids", self.response_token_ids)
-        limits.texts("observations", self.observations, limits.max_observation_chars)
-        limits.texts("actions", self.actions, limits.max_action_chars)
+        limits.texts("observations", self.observations, limits.max_observation_len)
+        limits.texts("actions", self.actions, limits.max_action_len)
 
     def turn_prompt(self, i: int) -> np.ndarray:
         return self.prompt_token_ids[self.prompt_offsets[i] : self.prompt_offsets[i + 1]]
@@ -508,13 +508,13 @@ class BatchRequest(Message):
     learner_version: int  # the learner's current policy version
     num_groups: int  # groups wanted
     max_staleness: int  # drop groups whose oldest turn is older than learner_version - this
-    # security.learner_token: the buffer serves batches only to a request that carries it (when set)
-    learner_token: str = ""
+    # the learner's token (security.learner_token): when the buffer has one, it serves only requests with it
+    token: str = ""
 
     def validate(self) -> None:
         _check(self.learner_version >= 0 and self.max_staleness >= 0, "negative version or staleness")
         _check(0 < self.num_groups <= 100_000, "num_groups out of (0, 100000]")
-        _check(_short(self.learner_token), "learner_token too long")
+        _check(_short(self.token), "token too long")
 
 
 @register
@@ -548,7 +548,7 @@ class MemoryQuery(Message):
 
     def check(self, limits: DoorLimits) -> None:
         limits.task(self.task)
-        limits.texts("state", [self.state], limits.max_state_chars)
+        limits.texts("state", [self.state], limits.max_state_len)
 
 
 @register
@@ -588,6 +588,6 @@ class EpisodeReport(Message):
     def check(self, limits: DoorLimits) -> None:
         limits.task(self.task)
         limits.turns(len(self.actions))
-        limits.texts("observations", self.observations, limits.max_observation_chars)
-        limits.texts("actions", self.actions, limits.max_action_chars)
-        limits.texts("task_description", [self.task_description], limits.max_task_description_chars)
+        limits.texts("observations", self.observations, limits.max_observation_len)
+        limits.texts("actions", self.actions, limits.max_action_len)
+        limits.texts("task_description", [self.task_description], limits.max_task_description_len)

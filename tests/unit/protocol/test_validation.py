@@ -61,10 +61,10 @@ LIMITS = DoorLimits(
     vocab_size=600,
     tasks=frozenset({"find-living-thing"}),
     max_turns=4,
-    max_observation_chars=100,
-    max_action_chars=20,
-    max_state_chars=100,
-    max_task_description_chars=50,
+    max_observation_len=100,
+    max_action_len=20,
+    max_state_len=100,
+    max_task_description_len=50,
 )
 
 

@@ -535,7 +535,9 @@ def test_buffer_process_answers_its_message_types_and_refuses_others(tmp_path):
         )
         assignment = dispatch(process.handlers, AssignmentRequest(actor_id="a"), process.metrics)
         assert isinstance(assignment, Assignment) and (assignment.task, assignment.variation) == ("boil", 4)
-        traj = make_traj(assignment.group_id, assignment.slot, mode=assignment.mode, task="boil", variation=4)
+        traj = make_traj(
+            assignment.group_id, assignment.slot, mode=assignment.mode, task="boil", variation=4, versions=(0, 1)
+        )
         traj.score, traj.success = 90.0, True  # a solved episode: counted, and kept in the record
         assert dispatch(process.handlers, traj, process.metrics) == Ack(ref=traj.episode_id)
         query = MemoryQuery(task="boil", variation=4, state="s")
