@@ -43,6 +43,7 @@ from protocol.messages import (
     WeightFile,
     WeightUpdateAck,
 )
+from protocol.security import secure_server, watch_handshakes
 from protocol.weight_file import file_checksum, shared_lock
 
 log = logging.getLogger("policy_server")
@@ -82,6 +83,8 @@ class PolicyServer:
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, self.scfg.max_weight_message_bytes)
+        secure_server(self.sock)  # CURVE + ZAP when security.curve (protocol/security.py): weight pushes too
+        watch_handshakes(self.sock, self.metrics.handshake_failures)
         self.sock.bind(self.endpoint)
         log.info("policy server %d listening on %s", self.index, self.endpoint)
         recv_loop = asyncio.create_task(self._recv_loop())

@@ -23,6 +23,12 @@ class RoleMetrics:
             f"{p}_messages_rejected", "Malformed or refused messages", ["reason"], registry=self.registry
         )
         self.errors = Counter(f"{p}_errors", "Errors while handling work", ["where"], registry=self.registry)
+        self.handshake_failures = Counter(
+            f"{p}_handshake_failures",
+            "Connections refused by CURVE (security.curve): auth (key not authorized), protocol or other (no CURVE, wrong keys)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.policy_version = Gauge(f"{p}_policy_version", "Latest policy version seen", registry=self.registry)
 
     def _counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:

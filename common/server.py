@@ -17,6 +17,7 @@ from common.metrics import RoleMetrics
 from protocol import Message, ProtocolError, bind_router, recv_request, send_reply
 from protocol.codec import MAX_DETAIL_CHARS
 from protocol.messages import DoorLimits, ErrorReply
+from protocol.security import watch_handshakes
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ def serve_requests(
     """Bind a ROUTER at `endpoint` and answer every request with its handler's reply, forever;
     every message is checked against `limits` first (dispatch)."""
     sock = bind_router(zmq.Context.instance(), endpoint)
+    watch_handshakes(sock, metrics.handshake_failures)
     while True:
         try:
             request = recv_request(sock)  # a malformed request is answered with ErrorReply there
