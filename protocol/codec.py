@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 import typing
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ PROTOCOL_VERSION = 1
 
 # dtypes allowed on the wire. Weights in bf16/fp16 travel as uint8 views (numpy has no bf16).
 ALLOWED_DTYPES = frozenset({"int32", "int64", "float32", "float16", "uint8"})
+_ITEMSIZE = {name: np.dtype(name).itemsize for name in ALLOWED_DTYPES}
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_FRAMES = 4096
 # A rejection's explanation quotes at most this much of anything it was given.
@@ -84,13 +86,20 @@ def encode(msg: Message) -> list[Any]:
     return [msg.KIND.encode("ascii"), header, *buffers]
 
 
+_PLAIN = (str, int, float, bool, type(None), bytes)  # msgpack carries these as they are
+
+
 def _to_wire(value: Any, buffers: list[memoryview]) -> Any:
+    if type(value) in _PLAIN:  # the common case first: this runs once per field and list element
+        return value
+    if type(value) is list and all(type(v) is str for v in value):  # observations, actions, tips
+        return value
     if isinstance(value, np.ndarray):
         arr = np.ascontiguousarray(value)
         buffers.append(memoryview(arr.reshape(-1).view(np.uint8)))  # flat bytes, zero-copy
         return {"__nd__": len(buffers) - 1, "dtype": str(arr.dtype), "shape": list(arr.shape)}
     if dataclasses.is_dataclass(value):
-        return {f.name: _to_wire(getattr(value, f.name), buffers) for f in dataclasses.fields(value)}
+        return {name: _to_wire(getattr(value, name), buffers) for name in _field_names(type(value))}
     if isinstance(value, (list, tuple)):
         return [_to_wire(v, buffers) for v in value]
     if isinstance(value, dict):
@@ -127,7 +136,7 @@ def _decode(frames: Sequence[Any], max_bytes: int) -> Message:
     cls = _REGISTRY.get(kind)
     if cls is None:
         raise ProtocolError("unknown_kind", f"unknown message kind {kind[:64]!r}")
-    header = msgpack.unpackb(bytes(raw[1]), raw=False, strict_map_key=True, use_list=True, ext_hook=_reject_ext)
+    header = msgpack.unpackb(raw[1], raw=False, strict_map_key=True, use_list=True, ext_hook=_reject_ext)
     if not isinstance(header, dict) or set(header) != {"v", "body"}:
         raise ProtocolError("malformed", "header must be a map with keys 'v' and 'body'")
     if type(header["v"]) is not int or header["v"] != PROTOCOL_VERSION:
@@ -145,7 +154,22 @@ def _reject_ext(code: int, data: bytes) -> Any:
 
 
 def _from_wire(tp: Any, value: Any, buffers: list[memoryview], used: set[int], path: str) -> Any:
-    origin = typing.get_origin(tp)
+    # scalars first (most fields): no typing introspection on the hot path
+    if tp is str or tp is bool:
+        if not isinstance(value, tp):
+            raise ProtocolError("schema", f"{path}: expected {tp.__name__}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ProtocolError("schema", f"{path}: expected an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ProtocolError("schema", f"{path}: expected a number")
+        return float(value)
+    if tp is np.ndarray:
+        return _array_from_wire(value, buffers, used, path)
+    origin = _origin(tp)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(tp)
         if value is None and type(None) in options:
@@ -171,6 +195,8 @@ def _from_wire(tp: Any, value: Any, buffers: list[memoryview], used: set[int], p
         if not isinstance(value, list):
             raise ProtocolError("schema", f"{path}: expected a list")
         (inner,) = typing.get_args(tp)
+        if inner is str and all(type(v) is str for v in value):  # observations, actions, tips: one pass
+            return value
         return [_from_wire(inner, v, buffers, used, f"{path}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         key_t, val_t = typing.get_args(tp)
@@ -197,6 +223,16 @@ def _required(field: dataclasses.Field) -> bool:
 
 
 @functools.cache
+def _origin(tp: Any) -> Any:
+    return typing.get_origin(tp)
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@functools.cache
 def _schema(tp: type) -> tuple[dict[str, Any], frozenset[str]]:
     """(field name -> resolved type, required field names) of a message or nested dataclass, computed
     once per class: typing.get_type_hints was two thirds of decoding a GenerateRequest (issue 14)."""
@@ -211,12 +247,13 @@ def _array_from_wire(value: Any, buffers: list[memoryview], used: set[int], path
     index, dtype, shape = value["__nd__"], value["dtype"], value["shape"]
     if type(index) is not int or not 0 <= index < len(buffers) or index in used:
         raise ProtocolError("malformed", f"{path}: bad or reused buffer index {index!r}")
-    if dtype not in ALLOWED_DTYPES:
-        raise ProtocolError("schema", f"{path}: dtype {dtype!r} not allowed")
+    itemsize = _ITEMSIZE.get(dtype) if isinstance(dtype, str) else None
+    if itemsize is None:
+        raise ProtocolError("schema", f"{path}: dtype {str(dtype)[:32]!r} not allowed")
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ProtocolError("schema", f"{path}: bad shape {shape!r}")
+        raise ProtocolError("schema", f"{path}: bad shape {str(shape)[:64]}")
     buf = buffers[index]
-    expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    expected = math.prod(shape) * itemsize
     if expected != len(buf):
         raise ProtocolError("malformed", f"{path}: shape {shape} {dtype} needs {expected} bytes, got {len(buf)}")
     used.add(index)
