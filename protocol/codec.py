@@ -33,6 +33,7 @@ PROTOCOL_VERSION = 1
 # dtypes allowed on the wire. Weights in bf16/fp16 travel as uint8 views (numpy has no bf16).
 ALLOWED_DTYPES = frozenset({"int32", "int64", "float32", "float16", "uint8"})
 _ITEMSIZE = {name: np.dtype(name).itemsize for name in ALLOWED_DTYPES}
+_DTYPE_NAMES = {np.dtype(name): name for name in ALLOWED_DTYPES}  # str(dtype) is slow, and runs per array
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_FRAMES = 4096
 # A rejection's explanation quotes at most this much of anything it was given.
@@ -97,7 +98,8 @@ def _to_wire(value: Any, buffers: list[memoryview]) -> Any:
     if isinstance(value, np.ndarray):
         arr = np.ascontiguousarray(value)
         buffers.append(memoryview(arr.reshape(-1).view(np.uint8)))  # flat bytes, zero-copy
-        return {"__nd__": len(buffers) - 1, "dtype": str(arr.dtype), "shape": list(arr.shape)}
+        dtype = _DTYPE_NAMES.get(arr.dtype) or str(arr.dtype)
+        return {"__nd__": len(buffers) - 1, "dtype": dtype, "shape": list(arr.shape)}
     if dataclasses.is_dataclass(value):
         return {name: _to_wire(getattr(value, name), buffers) for name in _field_names(type(value))}
     if isinstance(value, (list, tuple)):

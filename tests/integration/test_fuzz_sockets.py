@@ -22,5 +22,5 @@ def test_hostile_inputs_are_refused_and_the_server_keeps_serving(socket, tmp_pat
     assert result["valid_checks"] == {"ok": 4}, result
     assert result["replies"].get("no_reply", 0) == 0, result
     refused = sum(n for reply, n in result["replies"].items() if reply.startswith("error:"))
-    assert refused >= 250, result  # nearly every input is wrong; a few mutations stay valid (e.g. a Ping)
+    assert refused >= 200, result  # most inputs are wrong; some mutations stay valid (an empty sender, a new id)
     assert result["log_bytes"] < 1_000_000, result
