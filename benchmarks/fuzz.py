@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import os
 import random
 import sys
 import tempfile
@@ -336,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             results[socket] = result
             print(f"{socket}: {result}")
-    header = run_header([".venv/bin/python", "-m", "benchmarks.fuzz"], list(argv if argv is not None else sys.argv[1:]))
+    invocation = [".venv/bin/python", "-m", "benchmarks.fuzz"]
+    header = run_header(invocation, list(argv if argv is not None else sys.argv[1:]), load_average=os.getloadavg())
     write_result(args.out, {**header, "sockets": results})
     return 0 if all(not r["crashed"] and not r["valid_checks"].get("failed") for r in results.values()) else 1
 

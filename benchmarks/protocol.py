@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import sys
 import time
@@ -142,9 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     dealer.close(linger=0)
     router.close(linger=0)
     ctx.term()
-    header = run_header(
-        [".venv/bin/python", "-m", "benchmarks.protocol"], list(argv if argv is not None else sys.argv[1:])
-    )
+    invocation = [".venv/bin/python", "-m", "benchmarks.protocol"]
+    header = run_header(invocation, list(argv if argv is not None else sys.argv[1:]), load_average=os.getloadavg())
     write_result(args.out, {**header, "target_ratio": 0.5, "window": WINDOW, "payloads": results})
     return 0
 
