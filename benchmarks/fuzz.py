@@ -124,9 +124,9 @@ def _bad_array(rng: random.Random, arr: np.ndarray) -> np.ndarray:
         out.flat[rng.randrange(out.size)] = rng.choice([np.nan, np.inf, -np.inf])
         return out
     if choice == 4 and arr.dtype.kind == "i":
-        return (arr - rng.choice([1, 2**20, 2**31 - 1])).astype(arr.dtype)
+        return (arr.astype(np.int64) - rng.choice([1, 2**20, 2**31 - 1])).astype(arr.dtype)
     if choice == 5:
-        return (arr + rng.choice([1, 50_000, 2**30])).astype(arr.dtype)
+        return (arr.astype(np.float64) + rng.choice([1, 50_000, 2**30])).astype(arr.dtype)
     return np.zeros(rng.choice([0, 3, 1000]), arr.dtype)
 
 
