@@ -449,7 +449,7 @@ class Trajectory(Message):
         _check(int(self.policy_versions.min()) >= 0, "negative policy version")
         _check(self.num_memories.size == 0 or int(self.num_memories.min()) >= 0, "negative num_memories")
         logprobs = self.behaviour_logprobs
-        _check(bool(np.all(np.isfinite(logprobs))), "behaviour_logprobs must be finite")
+        _check(bool(np.isfinite(logprobs).all()), "behaviour_logprobs must be finite")
         _check(logprobs.size == 0 or float(logprobs.max()) <= LOGPROB_TOLERANCE, "behaviour_logprobs must be <= 0")
         for name, arr, size in (
             ("prompt_offsets", self.prompt_offsets, self.prompt_token_ids.size),
@@ -458,7 +458,7 @@ class Trajectory(Message):
             _check(arr.dtype == np.int64, f"{name} must be int64")
             _check(arr.shape == (n + 1,), f"{name} must have turns+1 entries")
             _check(arr[0] == 0 and arr[-1] == size, f"{name} must span its token array")
-            _check(bool(np.all(np.diff(arr) > 0)), f"{name} must be strictly increasing")
+            _check(bool((arr[1:] > arr[:-1]).all()), f"{name} must be strictly increasing")
         _check(self.behaviour_logprobs.shape == self.response_token_ids.shape, "logprobs length")
         _check(self.num_memories.shape == (n,), "num_memories must have one entry per turn")
         _check(len(self.observations) == n and len(self.actions) == n, "text lists per turn")
