@@ -487,7 +487,14 @@ class EnvWorker:
             time.sleep(reply.retry_after_s if isinstance(reply, Wait) else UNEXPECTED_REPLY_RETRY_S)
 
     def _upload(self, trajectory: Trajectory) -> None:
-        reply = self._call_with_retry(self.buffer, trajectory, retries=self.acfg.upload_retries)
+        """Deliver an episode; a refusal (ErrorReply: e.g. its slot was handed out again and filled,
+        or the buffer restarted without its group) loses this episode only, and is counted."""
+        try:
+            reply = self._call_with_retry(self.buffer, trajectory, retries=self.acfg.upload_retries)
+        except RemoteError as exc:
+            self.metrics.errors.labels("upload_refused").inc()
+            log.warning("episode %s refused by the replay buffer: %s", short_id(trajectory.episode_id), exc)
+            return
         if not isinstance(reply, Ack):
             raise RuntimeError(f"buffer answered {reply.KIND} to a trajectory")
         # one line per stored episode: what an audit of the buffer's log checks against (tests/integration/test_fault_matrix.py)

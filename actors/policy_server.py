@@ -25,11 +25,11 @@ import zmq.asyncio
 from actors.weight_receiver import WeightAssembler, WeightUpdateError
 from common.logs import setup_logging
 from common.metrics import PolicyServerMetrics
-from common.model_prep import resolve_model
+from common.model_prep import model_vocab_size, resolve_model
 from common.process import run_async_until_signalled
-from common.server import dispatch
+from common.server import dispatch, rejections
 from pipeline.cli import role_config
-from pipeline.config import PipelineConfig
+from pipeline.config import PipelineConfig, door_limits
 from protocol import ProtocolError, decode, encode
 from protocol.messages import (
     ErrorReply,
@@ -43,6 +43,7 @@ from protocol.messages import (
     WeightFile,
     WeightUpdateAck,
 )
+from protocol.security import secure_server, watch_handshakes
 from protocol.weight_file import file_checksum, shared_lock
 
 log = logging.getLogger("policy_server")
@@ -64,6 +65,7 @@ class PolicyServer:
         # WeightFile paths are read only from these (weight_sync.method=shm: /dev/shm; =checkpoint: this run's checkpoints)
         self.weight_dirs = [os.path.realpath(d) for d in [*self.scfg.allowed_weight_dirs, cfg.run_path("checkpoints")]]
         self.tasks: set[asyncio.Task] = set()
+        self.limits = None  # set in run(), before the engine: what every request is checked against
         # message type -> handler(msg, identity) (common/server.py: anything else is an unexpected kind).
         # A handler returns its reply, or None when it answers itself: weight chunks are staged in the
         # receive loop, in order; generations, weight files and NCCL transfers each run in a task.
@@ -81,10 +83,13 @@ class PolicyServer:
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, self.scfg.max_weight_message_bytes)
+        secure_server(self.sock)  # CURVE + ZAP when security.curve (protocol/security.py): weight pushes too
+        watch_handshakes(self.sock, self.metrics.handshake_failures)
         self.sock.bind(self.endpoint)
         log.info("policy server %d listening on %s", self.index, self.endpoint)
         recv_loop = asyncio.create_task(self._recv_loop())
         model_path = resolve_model(self.cfg.model.name, self.cfg.model.cache_dir or None)
+        self.limits = door_limits(self.cfg, model_vocab_size(model_path))  # prompt token ids < the model's vocab
         from actors.policy_engine import PolicyEngine  # late: importing vLLM takes seconds
 
         t0 = time.time()
@@ -109,14 +114,14 @@ class PolicyServer:
                     raise ProtocolError("too_large", f"{msg.KIND} over {self.scfg.max_request_message_bytes} bytes")
             except ProtocolError as exc:
                 self.metrics.rejected.labels(exc.reason).inc()
-                log.warning("rejected message: %s", exc)
+                rejections.note(exc)
                 await self._send(identity, ErrorReply(reason=exc.reason, detail=str(exc)[:ERROR_DETAIL_CHARS]))
                 continue
             self.metrics.messages_in.labels(msg.KIND).inc()
             if self.engine is None and not isinstance(msg, Ping):
                 await self._send(identity, ErrorReply(reason="not_ready", detail="engine still starting"))
                 continue
-            reply = dispatch(self.handlers, msg, self.metrics, identity)
+            reply = dispatch(self.handlers, msg, self.metrics, identity, limits=self.limits)
             if inspect.isawaitable(reply):
                 reply = await reply
             if reply is not None:

@@ -23,6 +23,12 @@ class RoleMetrics:
             f"{p}_messages_rejected", "Malformed or refused messages", ["reason"], registry=self.registry
         )
         self.errors = Counter(f"{p}_errors", "Errors while handling work", ["where"], registry=self.registry)
+        self.handshake_failures = Counter(
+            f"{p}_handshake_failures",
+            "Connections refused by CURVE (security.curve): auth (key not authorized), protocol or other (no CURVE, wrong keys)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.policy_version = Gauge(f"{p}_policy_version", "Latest policy version seen", registry=self.registry)
 
     def _counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
@@ -165,6 +171,9 @@ class LearnerMetrics(RoleMetrics):
         )
         self.samples = self._counter("samples", "Turn samples trained on")
         self.tokens = self._counter("tokens", "Response tokens in the loss")
+        self.samples_nonfinite = self._counter(
+            "samples_dropped_nonfinite", "Turn samples dropped before the step: a non-finite advantage or log-prob"
+        )
         self.loss = self._gauge("loss", "Last policy loss")
         self.step_seconds = self._histogram("step_seconds", "Wall time of one optimizer step", _SECONDS)
         self.push_seconds = self._histogram("weight_push_seconds", "Wall time of one weight push", _SECONDS)
@@ -212,6 +221,7 @@ class LearnerMetrics(RoleMetrics):
         self.optimizer_steps.inc(record.get("optimizer_steps", 1))
         self.samples.inc(record["samples"])
         self.tokens.inc(record["tokens"])
+        self.samples_nonfinite.inc(record.get("samples_nonfinite", 0))
         self.loss.set(record["loss"])
         self.step_seconds.observe(record["step_seconds"])
         self.push_seconds.observe(record["weight_push_seconds"])

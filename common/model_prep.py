@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import logging
 import os
 import time
@@ -47,6 +48,17 @@ def resolve_model(model: str, cache_dir: str | Path | None = None) -> str:
     if not (out / _DONE_MARKER).exists():
         convert_embedded_model(out)
     return str(out)
+
+
+def model_vocab_size(model: str, cache_dir: str | Path | None = None) -> int:
+    """The vocabulary size in the model's config.json: token ids at the servers' doors must lie below
+    it. 0 (not checked) for a hub name that is not a local directory."""
+    config = Path(resolve_model(model, cache_dir)) / "config.json"
+    if not config.is_file():
+        log.warning("no %s: token ids are not checked against the vocabulary", config)
+        return 0
+    data = json.loads(config.read_text())
+    return int(data.get("vocab_size") or data.get("text_config", {}).get("vocab_size") or 0)
 
 
 def convert_embedded_model(out_dir: Path) -> Path:

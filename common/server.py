@@ -6,6 +6,7 @@ its own asyncio loop over the same kind of table."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -15,9 +16,49 @@ import zmq
 
 from common.metrics import RoleMetrics
 from protocol import Message, ProtocolError, bind_router, recv_request, send_reply
-from protocol.messages import ErrorReply
+from protocol.codec import MAX_DETAIL_CHARS
+from protocol.messages import DoorLimits, ErrorReply
+from protocol.security import watch_handshakes
 
 log = logging.getLogger(__name__)
+
+# Refused input is logged as one bounded line per message, at most this many lines a minute; the rest
+# are summed up in the next line that is written (a fuzz run of 10,000 inputs wrote 131 MB before).
+REJECTION_LOG_LINES_PER_MINUTE = 20
+
+
+class RejectionLog:
+    """Rate-limited, bounded log lines for refused messages: the reason and a cut explanation, never
+    the input. The counts per reason are in the metrics (empo2_<role>_messages_rejected_total)."""
+
+    def __init__(self, lines_per_minute: int = REJECTION_LOG_LINES_PER_MINUTE):
+        self.lines_per_minute = lines_per_minute
+        self.window_start, self.lines, self.suppressed = time.monotonic(), 0, 0
+        self.lock = threading.Lock()  # the policy server logs from its loop, the memory service from two threads
+
+    def note(self, exc: ProtocolError) -> None:
+        with self.lock:
+            now = time.monotonic()
+            if now - self.window_start >= 60.0:
+                self.window_start, self.lines = now, 0
+            if self.lines >= self.lines_per_minute:
+                self.suppressed += 1
+                return
+            self.lines += 1
+            suppressed, self.suppressed = self.suppressed, 0
+        more = f" ({suppressed} more refused since the last line)" if suppressed else ""
+        log.warning("refused message: %s%s", str(exc)[:MAX_DETAIL_CHARS], more)
+
+
+rejections = RejectionLog()  # one per process: every server loop of the process writes through it
+
+
+def refuse(exc: ProtocolError, metrics: RoleMetrics) -> ErrorReply:
+    """Count and (rate-limited) log a refused message; the ErrorReply that answers it."""
+    metrics.rejected.labels(exc.reason).inc()
+    rejections.note(exc)
+    return ErrorReply(reason=exc.reason, detail=str(exc)[:MAX_DETAIL_CHARS])
+
 
 # A server's handler table: the message types it serves, each with the method that answers it.
 HandlerTable = Mapping[type[Message], Callable[..., Any]]
@@ -30,14 +71,25 @@ def unexpected_kind(msg: Message, metrics: RoleMetrics) -> ErrorReply:
     return ErrorReply(reason="unexpected_kind", detail=f"{msg.KIND} is not served here")
 
 
-def dispatch(handlers: HandlerTable, msg: Message, metrics: RoleMetrics, *context: Any) -> Any:
+def dispatch(
+    handlers: HandlerTable, msg: Message, metrics: RoleMetrics, *context: Any, limits: DoorLimits | None = None
+) -> Any:
     """`handlers[type(msg)](msg, *context)`: what the handler returns (a reply, or for the asyncio
     policy server possibly a coroutine), or the unexpected_kind ErrorReply when the table has no
-    entry for the message's type."""
+    entry for the message's type.
+
+    The door: the message is first checked against the server's `limits` (Message.check), and a
+    ProtocolError raised by the check or by a synchronous handler (a server-side refusal: no lease,
+    not the learner, ...) is answered with ErrorReply(reason) and counted, never stored."""
     handler = handlers.get(type(msg))
     if handler is None:
         return unexpected_kind(msg, metrics)
-    return handler(msg, *context)
+    try:
+        if limits is not None:
+            msg.check(limits)
+        return handler(msg, *context)
+    except ProtocolError as exc:
+        return refuse(exc, metrics)
 
 
 @dataclass
@@ -52,13 +104,16 @@ def serve_requests(
     endpoint: str,
     handlers: HandlerTable,
     metrics: RoleMetrics,
+    limits: DoorLimits | None = None,
     commit: Callable[[], None] | None = None,
     commit_interval_s: float = 0.0,
 ) -> None:
-    """Bind a ROUTER at `endpoint` and answer every request with its handler's reply, forever.
-    A reply wrapped in AfterCommit is held; at most `commit_interval_s` after the first one held,
-    `commit()` runs and every held reply goes out (requests keep being served meanwhile)."""
+    """Bind a ROUTER at `endpoint` and answer every request with its handler's reply, forever;
+    every message is checked against `limits` first (dispatch). A reply wrapped in AfterCommit is
+    held; at most `commit_interval_s` after the first one held, `commit()` runs and every held
+    reply goes out (requests keep being served meanwhile)."""
     sock = bind_router(zmq.Context.instance(), endpoint)
+    watch_handshakes(sock, metrics.handshake_failures)
     held: list[tuple[bytes, Message]] = []  # (client, reply) waiting for the next commit
     due = 0.0
     while True:
@@ -75,10 +130,10 @@ def serve_requests(
             request = recv_request(sock)  # a malformed request is answered with ErrorReply there
         except ProtocolError as exc:
             metrics.rejected.labels(exc.reason).inc()
-            log.warning("rejected message: %s", exc)
+            rejections.note(exc)
             continue
         metrics.messages_in.labels(request.message.KIND).inc()
-        reply = dispatch(handlers, request.message, metrics)
+        reply = dispatch(handlers, request.message, metrics, limits=limits)
         if isinstance(reply, AfterCommit):
             if not held:
                 due = time.monotonic() + commit_interval_s

@@ -70,6 +70,14 @@ def group_turn_advantages(
     return [a + gigpo.step_weight * s for a, s in zip(advantages, steps)]
 
 
+def finite_samples(samples: list[TurnSample]) -> tuple[list[TurnSample], int]:
+    """(the samples whose advantage and behaviour log-probs are finite, how many were dropped):
+    defence in depth behind the replay buffer's door (protocol/messages.py, Trajectory.validate),
+    so a NaN never reaches the loss and the optimizer (issue 14)."""
+    kept = [s for s in samples if np.isfinite(s.advantage) and bool(np.all(np.isfinite(s.behaviour_logp)))]
+    return kept, len(samples) - len(kept)
+
+
 def build_samples(
     trajectories: list[Trajectory],
     score_scale: float,

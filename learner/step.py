@@ -137,6 +137,7 @@ class StepStats:
     logprob_mismatch_max_nats: float
     mismatch_tokens: int
     optimizer_steps: int  # optimizer steps taken: one per mini-batch with a kept token
+    samples_nonfinite: int = 0  # dropped before the step: a non-finite advantage or behaviour log-prob
 
     @classmethod
     def from_totals(

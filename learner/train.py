@@ -45,7 +45,7 @@ from learner.lora import apply_lora, is_lora, lora_scale, merged_weights
 from learner.optim import build_optimizer
 from learner.policy_model import ResponseScorer, load_policy
 from learner.rnd import RNDBonus
-from learner.samples import GiGPO, build_samples
+from learner.samples import GiGPO, build_samples, finite_samples
 from learner.step import PHASES, PhaseTimer, StepStats, train_step
 from learner.weight_push import PushTiming, WeightPusher, weight_tensors
 from pipeline.cli import role_config
@@ -109,6 +109,9 @@ class Trainer:
         timer = PhaseTimer(self.device) if timer is None else timer
         with timer.phase("samples"):
             samples = build_samples(trajectories, self.cfg.score_scale, self.intrinsic, self.cfg.adv_eps, self.gigpo)
+            samples, nonfinite = finite_samples(samples)
+            if nonfinite:
+                log.warning("dropped %d turn samples with a non-finite advantage or log-prob", nonfinite)
         stats = train_step(
             self.scorer,
             self.optimizer,
@@ -122,6 +125,7 @@ class Trainer:
             seed=self.seed,
         )
         self.version += 1
+        stats.samples_nonfinite = nonfinite
         return stats
 
     def full_weights(self) -> dict[str, torch.Tensor]:
@@ -270,6 +274,7 @@ class Learner:
             num_groups=self.lcfg.groups_per_step,
             max_staleness=self.lcfg.max_staleness,
             max_bytes=self.buffer.max_bytes,
+            token=self.cfg.security.learner_token,
         )
         while True:
             reply = self._call_buffer(request)

@@ -35,10 +35,10 @@ from memory_service.config import MemoryServiceConfig
 from memory_service.embedder import Embedder
 from memory_service.store import Entry, MemoryStore, memory_key
 from pipeline.cli import role_config
-from pipeline.config import PipelineConfig
+from pipeline.config import PipelineConfig, door_limits
 from protocol import Client, ProtocolError, RemoteError, decode, encode
 from protocol.codec import pack_frames, unpack_frames
-from protocol.messages import Ack, EpisodeReport, GenerateRequest, MemoryQuery, MemoryResult, Ping, Pong
+from protocol.messages import Ack, EpisodeReport, GenerateRequest, MemoryQuery, MemoryResult, Ping, Pong, Wait
 
 log = logging.getLogger("memory_service")
 
@@ -47,6 +47,16 @@ LOGGED_REFLECTION_CHARS = 120
 # A policy server still loading its engine answers not_ready: its reports wait this long and are asked
 # again, without counting as a failed attempt.
 NOT_READY_RETRY_S = 2.0
+# Memories with a label of their own in empo2_memory_service_memory_entries; the rest share "other"
+# (keys hold a client's variation number: the label set must stay bounded).
+MAX_LABELLED_MEMORIES = 256
+# An actor whose report met a full reflection queue (security.max_reflection_queue_bytes) is told this.
+REPORT_RETRY_S = 5.0
+
+
+def report_bytes(report: EpisodeReport) -> int:
+    """An episode report's size in the reflection queue, near enough: its texts."""
+    return len(report.task_description) + sum(len(t) for t in report.observations) + sum(len(t) for t in report.actions)
 
 
 def reflection_messages(report: EpisodeReport, mcfg: MemoryServiceConfig, skip: int = 0) -> list[dict]:
@@ -121,6 +131,10 @@ class MemoryService:
         threadpool_limits(limits=1, user_api="blas")
         # (pending id in the store, report): what the reflection worker takes; the store holds the same
         self.reports: queue.Queue[tuple[int, EpisodeReport]] = queue.Queue()
+        self.limits = door_limits(cfg)  # every message is checked against these (common/server.py)
+        self.queued_bytes = 0  # report_bytes of the queued reports: bounded by security.max_reflection_queue_bytes
+        self.queue_lock = threading.Lock()
+        self.labelled: set[str] = set()  # memories with a metric label of their own (MAX_LABELLED_MEMORIES)
         self.resume_reports()
         # the reflection prompt's token budget: what the policy server's context leaves to it
         self.prompt_budget = self.mcfg.reflection_prompt_budget(cfg.policy_server.max_model_len)
@@ -128,6 +142,9 @@ class MemoryService:
         self.metrics.memories.set(memories)
         self.metrics.entries.set(entries)
         log.info("memory store %s: %d entries in %d memories", cfg.run_path(self.mcfg.db_file), entries, memories)
+        if self.store.unusable_rows:
+            self.metrics.errors.labels("unusable_stored_row").inc(self.store.unusable_rows)
+            log.warning("dropped %d stored entries without a finite score or text", self.store.unusable_rows)
         self.handlers = {  # what this server answers (common/server.py: anything else is an unexpected kind)
             Ping: self.ping,
             MemoryQuery: self.retrieve,
@@ -138,7 +155,7 @@ class MemoryService:
     def run(self) -> None:
         threading.Thread(target=self._reflection_worker, name="reflection", daemon=True).start()
         log.info("memory service on %s", self.cfg.endpoints.memory_service)
-        serve_requests(self.cfg.endpoints.memory_service, self.handlers, self.metrics)
+        serve_requests(self.cfg.endpoints.memory_service, self.handlers, self.metrics, self.limits)
 
     def close(self) -> None:
         self.store.close()
@@ -151,22 +168,43 @@ class MemoryService:
         pending = self.store.pending_reports()
         for report_id, record in pending:
             try:
-                self.reports.put((report_id, decode(unpack_frames(record))))
+                report = decode(unpack_frames(record))
             except (ProtocolError, ValueError) as exc:  # a record this version cannot read: not a reason to stop
                 log.warning("queued report %d cannot be decoded (%s); given up", report_id, str(exc)[:200])
                 self.store.report_failed(report_id, max_attempts=0)
                 self.metrics.reports_given_up.inc()
+                continue
+            self.queued_bytes += report_bytes(report)  # taken before the restart: counted, never refused
+            self.reports.put((report_id, report))
         self.metrics.reflection_queue.set(self.reports.qsize())
         if pending:
             log.info("resuming %d episode reports queued before the restart", len(pending))
 
-    def queue_report(self, report: EpisodeReport) -> Ack:
+    def admit_report(self, report: EpisodeReport) -> bool:
+        """Room in the reflection queue for this report (security.max_reflection_queue_bytes)? Takes it."""
+        size = report_bytes(report)
+        with self.queue_lock:
+            if self.queued_bytes + size > self.cfg.security.max_reflection_queue_bytes:
+                return False
+            self.queued_bytes += size
+        return True
+
+    def release_report(self, report: EpisodeReport) -> None:
+        with self.queue_lock:
+            self.queued_bytes -= report_bytes(report)
+
+    def queue_report(self, report: EpisodeReport) -> Ack | Wait:
         """Persisted in the store's queue before the Ack; the reflection worker reflects on it and
-        stores its entries later. A report of an episode already queued is acknowledged and not queued twice."""
+        stores its entries later. A full queue (in bytes) answers Wait: the actor's report is not
+        taken. A report of an episode already queued is acknowledged and not queued twice."""
+        if not self.admit_report(report):
+            self.metrics.rejected.labels("queue_full").inc()
+            return Wait(retry_after_s=REPORT_RETRY_S, reason="the reflection queue is full")
         report_id = self.store.queue_report(report.episode_id, pack_frames(encode(report)))
         if report_id is None:
+            self.release_report(report)
             self.metrics.reports_duplicate.inc()
-            return Ack(ref=report.episode_id, detail="already queued for reflection")
+            return Ack(ref=report.episode_id, detail="already queued for reflection", duplicate=True)
         self.reports.put((report_id, report))
         self.metrics.reflection_queue.set(self.reports.qsize())
         return Ack(ref=report.episode_id, detail="queued for reflection")
@@ -197,6 +235,8 @@ class MemoryService:
             reports = [self.reports.get()]
             while len(reports) < len(clients) and not self.reports.empty():
                 reports.append(self.reports.get_nowait())
+            for _, report in reports:
+                self.release_report(report)
             self.metrics.reflection_queue.set(self.reports.qsize())
             self.metrics.reflection_batch.observe(len(reports))
             t0 = time.perf_counter()
@@ -267,7 +307,8 @@ class MemoryService:
         vectors = self.embed([obs for _, report, _ in reflected for obs in report.observations])
         added, offset = 0, 0
         for report_id, report, reflection in reflected:
-            reflection = " ".join(reflection.split()) or "No reflection was produced."
+            reflection = " ".join(reflection.split())[: self.cfg.security.max_reflection_len]
+            reflection = reflection or "No reflection was produced."
             n = len(report.observations)
             entries = [
                 Entry(tip_text(reflection, a, report.score), report.score, s)
@@ -276,7 +317,12 @@ class MemoryService:
             key = memory_key(self.mcfg.key, report.task, report.variation)
             added += self.store.add(key, entries, vectors[offset : offset + n], done_report=report_id)
             offset += n
-            self.metrics.memory_entries.labels(key).set(self.store.size(key))
+            if key in self.labelled or len(self.labelled) < MAX_LABELLED_MEMORIES:
+                self.labelled.add(key)
+                self.metrics.memory_entries.labels(key).set(self.store.size(key))
+            else:
+                others = [k for k in list(self.store.memories) if k not in self.labelled]
+                self.metrics.memory_entries.labels("other").set(sum(self.store.size(k) for k in others))
             log.info(
                 "episode %s: reflection stored (%d steps): %r",
                 short_id(report.episode_id),

@@ -13,6 +13,7 @@ before their Ack until their entries are stored (in the same transaction) or the
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import threading
 from dataclasses import dataclass, field
@@ -76,6 +77,10 @@ class _Memory:
         return [(self.entries[i], float(similarity[i])) for i in order]
 
 
+def _finite(score) -> bool:
+    return isinstance(score, (int, float)) and math.isfinite(score)
+
+
 def memory_key(kind: str, task: str, variation: int) -> str:
     if kind == "task_variation":
         return f"{task}/{variation}"
@@ -100,8 +105,15 @@ class MemoryStore:
             "CREATE TABLE IF NOT EXISTS pending_reports (id INTEGER PRIMARY KEY, episode_id TEXT UNIQUE, "
             "record BLOB, attempts INTEGER DEFAULT 0)"
         )
-        evicted = []  # rows over a capacity lowered since the last run
+        evicted = []  # rows over a capacity lowered since the last run, and unusable rows
+        self.unusable_rows = 0
         for row_id, key, tip, score, state, blob in self.db.execute("SELECT * FROM entries ORDER BY id").fetchall():
+            # SQLite stores a NaN score as NULL: such a row (written before scores were checked) would
+            # break every MemoryResult that retrieves it, so it is dropped, as is any other bad row
+            if not (_finite(score) and isinstance(tip, str) and isinstance(state, str) and isinstance(blob, bytes)):
+                evicted.append(row_id)
+                self.unusable_rows += 1
+                continue
             evicted.append(self._insert(key, row_id, Entry(tip, score, state), np.frombuffer(blob, np.float32)))
         with self.db:
             self.db.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in evicted if i is not None])
@@ -114,6 +126,8 @@ class MemoryStore:
             if done_report is not None:
                 self.db.execute("DELETE FROM pending_reports WHERE id = ?", (done_report,))
             for entry, vector in zip(entries, vectors):
+                if not _finite(entry.score):  # EpisodeReport.validate refuses these; never store one
+                    continue
                 memory = self.memories.get(key)
                 if memory is not None and (entry.tip, entry.state) in memory.seen:
                     continue

@@ -39,6 +39,14 @@ COMMANDS = {
     "empo2-memory-tta": Command("evaluation.tta", ("tta", "env", "startup_timeout_s", *_SHARED)),
 }
 _HELP_FLAGS = ("-h", "--help")
+# security.curve: the client key (protocol/security.py, CLIENT_NAMES) each command's sockets use;
+# a command not listed only serves (policy server, replay buffer) or opens no socket (launcher).
+CURVE_CLIENTS = {
+    "empo2-learner": "learner",
+    "empo2-env-actor": "env_actor",
+    "empo2-memory-service": "memory_service",
+    "empo2-memory-tta": "evaluation",
+}
 
 
 def role_config(command: str, argv: list[str] | None = None) -> PipelineConfig:
@@ -50,9 +58,24 @@ def role_config(command: str, argv: list[str] | None = None) -> PipelineConfig:
         print(help_text(command, [a for a in argv if a not in _HELP_FLAGS]))
         sys.exit(0)
     try:
-        return load_config(argv)
+        cfg = load_config(argv)
     except ConfigError as exc:
         print(f"{command}: bad configuration: {exc}", file=sys.stderr)
+        sys.exit(2)
+    use_security(command, cfg)
+    return cfg
+
+
+def use_security(command: str, cfg: PipelineConfig) -> None:
+    """security.curve: every socket of this process uses CURVE with the command's keys. Missing keys
+    stop the command here, with the empo2-keys command to run (exit 2)."""
+    from protocol.security import Curve, use_curve
+
+    curve = Curve(Path(cfg.security.keys_dir), CURVE_CLIENTS.get(command)) if cfg.security.curve else None
+    try:
+        use_curve(curve)
+    except RuntimeError as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -28,7 +28,7 @@ from evaluation.config import TestTimeAdaptationConfig
 from learner.config import LearnerConfig
 from memory_service.config import MemoryServiceConfig
 from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES
-from protocol.messages import BATCH_ENVELOPE_BYTES
+from protocol.messages import BATCH_ENVELOPE_BYTES, DoorLimits
 from replay_buffer.config import ReplayBufferConfig
 
 
@@ -145,6 +145,29 @@ class WeightSyncConfig:
 
 
 @dataclass
+class SecurityConfig:
+    """Who may talk to the servers and what they accept at the door (issue 14; README, Reliability):
+    read by every role. Text bounds are per field, in characters; a longer one is refused."""
+
+    # CURVE on every socket: servers accept only the client keys in keys_dir/authorized (ZAP), and
+    # clients verify the server's key. `empo2-keys DIR` writes the keys (protocol/security.py).
+    curve: bool = False
+    keys_dir: str = "keys"  # curve: the directory `empo2-keys` wrote (relative to the working directory)
+    # Set: the replay buffer serves batches only to a BatchRequest carrying this token (the learner's).
+    learner_token: str = ""
+    max_observation_len: int = 16384  # one observation of a Trajectory or EpisodeReport
+    max_action_len: int = 1024  # one action
+    max_state_len: int = 16384  # MemoryQuery.state: embedded on every query
+    max_task_description_len: int = 4096  # EpisodeReport.task_description
+    max_reflection_len: int = 4096  # a reflection the policy wrote is cut to this before it is stored
+    # Bytes of episode reports waiting for reflection; past it reports are answered with Wait.
+    max_reflection_queue_bytes: int = 256 << 20
+    # Bytes of trajectories the buffer holds unserved (open and ready groups); past it no new group
+    # is handed out (Wait), so actors slow down before the buffer's memory grows without bound.
+    max_held_trajectory_bytes: int = 4 << 30
+
+
+@dataclass
 class PipelineConfig:
     run_dir: str = "runs/default"  # logs, checkpoints, buffer log and memory store of this run (conf: one per run)
     seed: int = 0
@@ -161,6 +184,7 @@ class PipelineConfig:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     tta: TestTimeAdaptationConfig = field(default_factory=TestTimeAdaptationConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def run_path(self, *parts: str) -> Path:
         path = Path(self.run_dir).joinpath(*parts)
@@ -421,7 +445,40 @@ def validate(cfg: PipelineConfig) -> None:
     at_least("tta.trials", cfg.tta.trials, 1)
     at_least("tta.temperature", cfg.tta.temperature, 0)
 
+    # security: text bounds and queue sizes
+    for name in (
+        "max_observation_len",
+        "max_action_len",
+        "max_state_len",
+        "max_task_description_len",
+        "max_reflection_len",
+        "max_reflection_queue_bytes",
+        "max_held_trajectory_bytes",
+    ):
+        at_least(f"security.{name}", getattr(cfg.security, name), 1)
+    check(
+        bool(cfg.security.keys_dir) or not cfg.security.curve,
+        "security.keys_dir",
+        "security.curve=true needs the directory empo2-keys wrote",
+    )
+
     _check_ports(cfg)
+
+
+def door_limits(cfg: PipelineConfig, vocab_size: int = 0) -> DoorLimits:
+    """What the servers check every message against (protocol.messages.DoorLimits): the run's tasks
+    (training and evaluation), the longest episode the env config allows, the text bounds of
+    `security`, and the model's vocabulary size where the server knows it (0: not checked)."""
+    sec = cfg.security
+    return DoorLimits(
+        vocab_size=vocab_size,
+        tasks=frozenset([*cfg.replay_buffer.tasks, *cfg.tta.tasks]),
+        max_turns=max([cfg.env.max_steps, *cfg.env.task_limits().values()]),
+        max_observation_len=sec.max_observation_len,
+        max_action_len=sec.max_action_len,
+        max_state_len=sec.max_state_len,
+        max_task_description_len=sec.max_task_description_len,
+    )
 
 
 def _check_ports(cfg: PipelineConfig) -> None:

@@ -18,6 +18,8 @@ ProtocolError with a short `reason` (used as a metric label) and a human-readabl
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import types
 import typing
 from collections.abc import Sequence
@@ -30,8 +32,12 @@ PROTOCOL_VERSION = 1
 
 # dtypes allowed on the wire. Weights in bf16/fp16 travel as uint8 views (numpy has no bf16).
 ALLOWED_DTYPES = frozenset({"int32", "int64", "float32", "float16", "uint8"})
+_ITEMSIZE = {name: np.dtype(name).itemsize for name in ALLOWED_DTYPES}
+_DTYPE_NAMES = {np.dtype(name): name for name in ALLOWED_DTYPES}  # str(dtype) is slow, and runs per array
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_FRAMES = 4096
+# A rejection's explanation quotes at most this much of anything it was given.
+MAX_DETAIL_CHARS = 200
 
 
 class ProtocolError(ValueError):
@@ -50,6 +56,10 @@ class Message:
 
     def validate(self) -> None:
         """Semantic checks beyond types; override and raise ProtocolError("invalid", ...)."""
+
+    def check(self, limits: Any) -> None:
+        """Checks against what the receiving server knows (protocol.messages.DoorLimits: vocab size,
+        the run's tasks, text bounds); run at the server's door after validate(). Override."""
 
 
 _REGISTRY: dict[str, type[Message]] = {}
@@ -77,13 +87,21 @@ def encode(msg: Message) -> list[Any]:
     return [msg.KIND.encode("ascii"), header, *buffers]
 
 
+_PLAIN = (str, int, float, bool, type(None), bytes)  # msgpack carries these as they are
+
+
 def _to_wire(value: Any, buffers: list[memoryview]) -> Any:
+    if type(value) in _PLAIN:  # the common case first: this runs once per field and list element
+        return value
+    if type(value) is list and all(type(v) is str for v in value):  # observations, actions, tips
+        return value
     if isinstance(value, np.ndarray):
         arr = np.ascontiguousarray(value)
         buffers.append(memoryview(arr.reshape(-1).view(np.uint8)))  # flat bytes, zero-copy
-        return {"__nd__": len(buffers) - 1, "dtype": str(arr.dtype), "shape": list(arr.shape)}
+        dtype = _DTYPE_NAMES.get(arr.dtype) or str(arr.dtype)
+        return {"__nd__": len(buffers) - 1, "dtype": dtype, "shape": list(arr.shape)}
     if dataclasses.is_dataclass(value):
-        return {f.name: _to_wire(getattr(value, f.name), buffers) for f in dataclasses.fields(value)}
+        return {name: _to_wire(getattr(value, name), buffers) for name in _field_names(type(value))}
     if isinstance(value, (list, tuple)):
         return [_to_wire(v, buffers) for v in value]
     if isinstance(value, dict):
@@ -103,7 +121,8 @@ def decode(frames: Sequence[Any], max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) ->
     except ProtocolError:
         raise
     except Exception as exc:  # defensive: any parser surprise is a rejected message, not a crash
-        raise ProtocolError("malformed", f"{type(exc).__name__}: {exc}") from None
+        # bounded: a parser's message may quote the input (msgpack's ExtraData holds the data)
+        raise ProtocolError("malformed", f"{type(exc).__name__}: {str(exc)[:MAX_DETAIL_CHARS]}") from None
 
 
 def _decode(frames: Sequence[Any], max_bytes: int) -> Message:
@@ -119,7 +138,7 @@ def _decode(frames: Sequence[Any], max_bytes: int) -> Message:
     cls = _REGISTRY.get(kind)
     if cls is None:
         raise ProtocolError("unknown_kind", f"unknown message kind {kind[:64]!r}")
-    header = msgpack.unpackb(bytes(raw[1]), raw=False, strict_map_key=True, use_list=True, ext_hook=_reject_ext)
+    header = msgpack.unpackb(raw[1], raw=False, strict_map_key=True, use_list=True, ext_hook=_reject_ext)
     if not isinstance(header, dict) or set(header) != {"v", "body"}:
         raise ProtocolError("malformed", "header must be a map with keys 'v' and 'body'")
     if type(header["v"]) is not int or header["v"] != PROTOCOL_VERSION:
@@ -137,7 +156,22 @@ def _reject_ext(code: int, data: bytes) -> Any:
 
 
 def _from_wire(tp: Any, value: Any, buffers: list[memoryview], used: set[int], path: str) -> Any:
-    origin = typing.get_origin(tp)
+    # scalars first (most fields): no typing introspection on the hot path
+    if tp is str or tp is bool:
+        if not isinstance(value, tp):
+            raise ProtocolError("schema", f"{path}: expected {tp.__name__}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ProtocolError("schema", f"{path}: expected an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ProtocolError("schema", f"{path}: expected a number")
+        return float(value)
+    if tp is np.ndarray:
+        return _array_from_wire(value, buffers, used, path)
+    origin = _origin(tp)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(tp)
         if value is None and type(None) in options:
@@ -149,12 +183,11 @@ def _from_wire(tp: Any, value: Any, buffers: list[memoryview], used: set[int], p
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ProtocolError("schema", f"{path}: expected a map for {tp.__name__}")
-        fields = {f.name: f for f in dataclasses.fields(tp)}
-        unknown = set(value) - set(fields)
-        missing = {n for n, f in fields.items() if n not in value and _required(f)}
+        hints, required = _schema(tp)
+        unknown = value.keys() - hints.keys()
+        missing = required - value.keys()
         if unknown or missing:
             raise ProtocolError("schema", f"{path}: unknown fields {sorted(unknown)}, missing {sorted(missing)}")
-        hints = typing.get_type_hints(tp)
         kwargs = {name: _from_wire(hints[name], v, buffers, used, f"{path}.{name}") for name, v in value.items()}
         obj = tp(**kwargs)
         if isinstance(obj, Message):  # nested messages too (a Batch's trajectories)
@@ -164,6 +197,8 @@ def _from_wire(tp: Any, value: Any, buffers: list[memoryview], used: set[int], p
         if not isinstance(value, list):
             raise ProtocolError("schema", f"{path}: expected a list")
         (inner,) = typing.get_args(tp)
+        if inner is str and all(type(v) is str for v in value):  # observations, actions, tips: one pass
+            return value
         return [_from_wire(inner, v, buffers, used, f"{path}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         key_t, val_t = typing.get_args(tp)
@@ -189,18 +224,38 @@ def _required(field: dataclasses.Field) -> bool:
     return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
 
 
+@functools.cache
+def _origin(tp: Any) -> Any:
+    return typing.get_origin(tp)
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@functools.cache
+def _schema(tp: type) -> tuple[dict[str, Any], frozenset[str]]:
+    """(field name -> resolved type, required field names) of a message or nested dataclass, computed
+    once per class: typing.get_type_hints was two thirds of decoding a GenerateRequest (issue 14)."""
+    hints = typing.get_type_hints(tp)
+    fields = dataclasses.fields(tp)
+    return {f.name: hints[f.name] for f in fields}, frozenset(f.name for f in fields if _required(f))
+
+
 def _array_from_wire(value: Any, buffers: list[memoryview], used: set[int], path: str) -> np.ndarray:
     if not isinstance(value, dict) or set(value) != {"__nd__", "dtype", "shape"}:
         raise ProtocolError("schema", f"{path}: expected an array reference")
     index, dtype, shape = value["__nd__"], value["dtype"], value["shape"]
     if type(index) is not int or not 0 <= index < len(buffers) or index in used:
         raise ProtocolError("malformed", f"{path}: bad or reused buffer index {index!r}")
-    if dtype not in ALLOWED_DTYPES:
-        raise ProtocolError("schema", f"{path}: dtype {dtype!r} not allowed")
+    itemsize = _ITEMSIZE.get(dtype) if isinstance(dtype, str) else None
+    if itemsize is None:
+        raise ProtocolError("schema", f"{path}: dtype {str(dtype)[:32]!r} not allowed")
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ProtocolError("schema", f"{path}: bad shape {shape!r}")
+        raise ProtocolError("schema", f"{path}: bad shape {str(shape)[:64]}")
     buf = buffers[index]
-    expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    expected = math.prod(shape) * itemsize
     if expected != len(buf):
         raise ProtocolError("malformed", f"{path}: shape {shape} {dtype} needs {expected} bytes, got {len(buf)}")
     used.add(index)

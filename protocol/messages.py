@@ -8,6 +8,7 @@ protocol/README.md.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,9 +34,62 @@ def is_success(done: bool, score: float) -> bool:
     return bool(done and score > SUCCESS_SCORE)
 
 
-def _check(condition: bool, message: str) -> None:
+def _check(condition: bool, message: str, reason: str = "invalid") -> None:
     if not condition:
-        raise ProtocolError("invalid", message)
+        raise ProtocolError(reason, message)
+
+
+# ---------------------------------------------------------------- semantic limits (issue 14)
+
+# ScienceWorld's scores: 0..100, -100 on a failed goal. A score outside (or NaN) is refused.
+SCORE_MIN, SCORE_MAX = -100.0, 100.0
+# A behaviour log-prob is <= 0; this much above 0 is float rounding in the engine, not a bad message.
+LOGPROB_TOLERANCE = 1e-4
+# Ids (episode, group, actor, request), task names, roles, stop strings: short by construction.
+MAX_ID_CHARS = 256
+MAX_STOP_STRINGS = 16
+
+
+def _short(*texts: str) -> bool:
+    return all(len(t) <= MAX_ID_CHARS for t in texts)
+
+
+def _vector(arr: np.ndarray, dtype: type, name: str) -> None:
+    _check(arr.dtype == dtype and arr.ndim == 1, f"{name} must be {np.dtype(dtype).name}[n]")
+
+
+def _finite_score(score: float) -> None:
+    _check(math.isfinite(score) and SCORE_MIN <= score <= SCORE_MAX, f"score must be in [{SCORE_MIN}, {SCORE_MAX}]")
+
+
+@dataclass(frozen=True)
+class DoorLimits:
+    """What a server knows that a message alone does not, from its configuration
+    (pipeline/config.py, door_limits): checked at its door by Message.check, after decode's own
+    validate(). A refusal is ProtocolError(reason), answered with ErrorReply and counted
+    (common/server.py). 0 or empty means "not checked"."""
+
+    vocab_size: int  # token ids must lie in [0, vocab_size): the model's config.json
+    tasks: frozenset[str]  # the run's tasks: anything else would become a metric label
+    max_turns: int  # turns of an episode: the largest step limit of env
+    max_observation_len: int  # characters per observation (Trajectory, EpisodeReport)
+    max_action_len: int  # per action
+    max_state_len: int  # MemoryQuery.state: embedded per query, the cost of one query
+    max_task_description_len: int  # EpisodeReport.task_description
+
+    def texts(self, name: str, texts: list[str], limit: int) -> None:
+        if limit:
+            _check(all(len(t) <= limit for t in texts), f"{name}: a text over {limit} characters", "too_long")
+
+    def task(self, task: str) -> None:
+        _check(not self.tasks or task in self.tasks, f"task {task[:64]!r} is not one of this run's tasks", "task")
+
+    def turns(self, n: int) -> None:
+        _check(not self.max_turns or n <= self.max_turns, f"{n} turns > {self.max_turns}", "too_long")
+
+    def token_ids(self, name: str, ids: np.ndarray) -> None:
+        if self.vocab_size and ids.size:
+            _check(int(ids.max()) < self.vocab_size, f"{name}: a token id >= vocab size {self.vocab_size}", "vocab")
 
 
 # ------------------------------------------------------------------------------- control
@@ -48,6 +102,9 @@ class Ping(Message):
 
     KIND = "ping"
     sender: str  # who asks, for logs
+
+    def validate(self) -> None:
+        _check(_short(self.sender), "sender too long")
 
 
 @register
@@ -79,6 +136,10 @@ class Ack(Message):
     KIND = "ack"
     ref: str  # id of what is acknowledged (episode id, ...)
     detail: str = ""
+    # True: this exact message (same episode id) was already stored; nothing was stored again. A
+    # sender that re-sends after a timeout gets this for the copy that did arrive before. A message
+    # that is not stored for any other reason gets ErrorReply, never an Ack.
+    duplicate: bool = False
 
 
 @register
@@ -111,9 +172,14 @@ class GenerateRequest(Message):
     def validate(self) -> None:
         _check(self.prompt_token_ids.ndim == 1 and self.prompt_token_ids.size > 0, "empty prompt")
         _check(self.prompt_token_ids.dtype == np.int32, "prompt_token_ids must be int32")
+        _check(int(self.prompt_token_ids.min()) >= 0, "negative token id")
         _check(0 < self.max_tokens <= 4096, f"max_tokens {self.max_tokens} out of (0, 4096]")
         _check(0.0 <= self.temperature <= 10.0, "temperature out of [0, 10]")
         _check(0.0 < self.top_p <= 1.0, "top_p out of (0, 1]")
+        _check(_short(self.request_id, *self.stop) and len(self.stop) <= MAX_STOP_STRINGS, "request id or stop strings")
+
+    def check(self, limits: DoorLimits) -> None:
+        limits.token_ids("prompt_token_ids", self.prompt_token_ids)
 
 
 @register
@@ -130,6 +196,8 @@ class GenerateResponse(Message):
     finish_reason: str  # "stop" | "length" | "abort"
 
     def validate(self) -> None:
+        _vector(self.token_ids, np.int32, "token_ids")
+        _vector(self.logprobs, np.float32, "logprobs")
         _check(self.token_ids.shape == self.logprobs.shape, "token_ids/logprobs length differ")
 
 
@@ -181,6 +249,7 @@ class WeightChunk(Message):
         _check(0 <= self.chunk_index < self.num_chunks <= 100_000, "bad chunk index/count")
         _check(len(self.tensors) == len(self.data), "tensors/data length differ")
         _check(all(d.dtype == np.uint8 and d.ndim == 1 for d in self.data), "data must be uint8[n]")
+        _check(all(all(n >= 0 for n in t.shape) for t in self.tensors), "negative dimension")
 
 
 # The messages of each weight_sync.method (a config choice, pipeline/config.py; learner/weight_push.py
@@ -283,6 +352,9 @@ class AssignmentRequest(Message):
     KIND = "assignment_request"
     actor_id: str
 
+    def validate(self) -> None:
+        _check(_short(self.actor_id), "actor_id too long")
+
 
 @register
 @dataclass
@@ -299,6 +371,7 @@ class Assignment(Message):
 
     def validate(self) -> None:
         _check(self.mode in MODES, f"unknown mode {self.mode!r}")
+        _check(self.slot >= 0 and self.variation >= 0, "negative slot or variation")
 
 
 @register
@@ -371,19 +444,34 @@ class Trajectory(Message):
         return len(self.policy_versions)
 
     def validate(self) -> None:
-        n = self.num_turns
+        """Everything the learner's sample building assumes (learner/samples.py): a message that
+        passes cannot raise there or put a non-finite value into the loss."""
         _check(self.mode in MODES, f"unknown mode {self.mode!r}")
+        _check(_short(self.episode_id, self.group_id, self.actor_id, self.task), "an id or the task is too long")
+        _check(self.slot >= 0 and self.variation >= 0, "negative slot or variation")
+        _finite_score(self.score)
+        for name in ("prompt_token_ids", "response_token_ids", "policy_versions", "num_memories"):
+            _vector(getattr(self, name), np.int32, name)
+        _check(self.tip_spans.dtype == np.int32, "tip_spans must be int32")
+        _vector(self.behaviour_logprobs, np.float32, "behaviour_logprobs")
+        n = self.num_turns
         _check(n > 0, "trajectory without turns")
-        for name in ("prompt_token_ids", "response_token_ids", "tip_spans", "policy_versions", "num_memories"):
-            _check(getattr(self, name).dtype == np.int32, f"{name} must be int32")
-        _check(self.behaviour_logprobs.dtype == np.float32, "behaviour_logprobs must be float32")
+        for name in ("prompt_token_ids", "response_token_ids"):
+            arr = getattr(self, name)
+            _check(arr.size == 0 or int(arr.min()) >= 0, f"{name}: negative token id")
+        _check(int(self.policy_versions.min()) >= 0, "negative policy version")
+        _check(self.num_memories.size == 0 or int(self.num_memories.min()) >= 0, "negative num_memories")
+        logprobs = self.behaviour_logprobs
+        _check(bool(np.isfinite(logprobs).all()), "behaviour_logprobs must be finite")
+        _check(logprobs.size == 0 or float(logprobs.max()) <= LOGPROB_TOLERANCE, "behaviour_logprobs must be <= 0")
         for name, arr, size in (
             ("prompt_offsets", self.prompt_offsets, self.prompt_token_ids.size),
             ("response_offsets", self.response_offsets, self.response_token_ids.size),
         ):
+            _check(arr.dtype == np.int64, f"{name} must be int64")
             _check(arr.shape == (n + 1,), f"{name} must have turns+1 entries")
             _check(arr[0] == 0 and arr[-1] == size, f"{name} must span its token array")
-            _check(bool(np.all(np.diff(arr) > 0)), f"{name} must be strictly increasing")
+            _check(bool((arr[1:] > arr[:-1]).all()), f"{name} must be strictly increasing")
         _check(self.behaviour_logprobs.shape == self.response_token_ids.shape, "logprobs length")
         _check(self.num_memories.shape == (n,), "num_memories must have one entry per turn")
         _check(len(self.observations) == n and len(self.actions) == n, "text lists per turn")
@@ -402,6 +490,14 @@ class Trajectory(Message):
             _check(0 <= turn < n, "tip span turn out of range")
             plen = int(self.prompt_offsets[turn + 1] - self.prompt_offsets[turn])
             _check(0 <= start < end <= plen, "tip span outside its prompt")
+
+    def check(self, limits: DoorLimits) -> None:
+        limits.task(self.task)
+        limits.turns(self.num_turns)
+        limits.token_ids("prompt_token_ids", self.prompt_token_ids)
+        limits.token_ids("response_token_ids", self.response_token_ids)
+        limits.texts("observations", self.observations, limits.max_observation_len)
+        limits.texts("actions", self.actions, limits.max_action_len)
 
     def turn_prompt(self, i: int) -> np.ndarray:
         return self.prompt_token_ids[self.prompt_offsets[i] : self.prompt_offsets[i + 1]]
@@ -433,9 +529,14 @@ class BatchRequest(Message):
     # batch, served before and not yet confirmed (the same part again if asked again).
     batch_id: str = ""
     part: int = 0
+    # the learner's token (security.learner_token): when the buffer has one, it serves only requests with it
+    token: str = ""
 
     def validate(self) -> None:
+        _check(self.learner_version >= 0 and self.max_staleness >= 0, "negative version or staleness")
+        _check(0 < self.num_groups <= 100_000, "num_groups out of (0, 100000]")
         _check(self.max_bytes >= 0 and self.part >= 0, "max_bytes and part must be >= 0")
+        _check(_short(self.token) and _short(self.batch_id), "token or batch_id too long")
 
 
 # A Batch's bytes beyond its trajectories' own encodings (its fields, the list around them): the
@@ -468,6 +569,9 @@ class BatchConfirm(Message):
     KIND = "batch_confirm"
     batch_id: str
 
+    def validate(self) -> None:
+        _check(self.dropped_stale >= 0, "negative dropped_stale")
+
 
 # ------------------------------------------------------------------------------- memory
 
@@ -482,6 +586,13 @@ class MemoryQuery(Message):
     variation: int
     state: str  # current observation text, embedded by the service
 
+    def validate(self) -> None:
+        _check(_short(self.task) and self.variation >= 0, "task too long or negative variation")
+
+    def check(self, limits: DoorLimits) -> None:
+        limits.task(self.task)
+        limits.texts("state", [self.state], limits.max_state_len)
+
 
 @register
 @dataclass
@@ -492,6 +603,10 @@ class MemoryResult(Message):
     tips: list[str]
     scores: list[float]  # stored episode score of each tip
     count: int  # n for the intrinsic reward 1/(n+1)
+
+    def validate(self) -> None:
+        _check(len(self.tips) == len(self.scores) and self.count >= 0, "tips/scores length differ")
+        _check(all(math.isfinite(s) for s in self.scores), "scores must be finite")
 
 
 @register
@@ -510,3 +625,12 @@ class EpisodeReport(Message):
 
     def validate(self) -> None:
         _check(len(self.observations) == len(self.actions) > 0, "one observation per action")
+        _check(_short(self.episode_id, self.task) and self.variation >= 0, "id or task too long, or negative variation")
+        _finite_score(self.score)
+
+    def check(self, limits: DoorLimits) -> None:
+        limits.task(self.task)
+        limits.turns(len(self.actions))
+        limits.texts("observations", self.observations, limits.max_observation_len)
+        limits.texts("actions", self.actions, limits.max_action_len)
+        limits.texts("task_description", [self.task_description], limits.max_task_description_len)

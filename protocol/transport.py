@@ -19,6 +19,7 @@ import zmq
 
 from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES, Message, ProtocolError, decode, encode
 from protocol.messages import ErrorReply, Ping, Pong
+from protocol.security import secure_client, secure_server
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ def bind_router(
     sock = ctx.socket(zmq.ROUTER)
     _configure(sock, hwm, max_bytes)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # replies to vanished peers are dropped, not raised
+    secure_server(sock)  # CURVE + ZAP when security.curve (protocol/security.py)
     sock.bind(endpoint)
     return sock
 
@@ -98,6 +100,7 @@ class Client:
         if self._sock is None:
             self._sock = self.ctx.socket(zmq.DEALER)
             _configure(self._sock, self.hwm, self.max_bytes)
+            secure_client(self._sock)
             self._sock.connect(self.endpoint)
         return self._sock
 

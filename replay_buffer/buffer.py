@@ -12,6 +12,7 @@ import random
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 
 from protocol import ProtocolError, decode
@@ -43,6 +44,9 @@ class Group:
     trajectories: dict[int, Trajectory] = field(default_factory=dict)  # slot -> trajectory
     leases: dict[int, float] = field(default_factory=dict)  # slot -> time handed out
     sizes: dict[int, int] = field(default_factory=dict)  # slot -> encoded bytes of its trajectory
+    # Rebuilt from the log after a restart: its leases were not logged, so a free slot of it is
+    # accepted without one (the group id itself was handed out by this buffer before the restart).
+    from_log: bool = False
 
     @property
     def complete(self) -> bool:
@@ -114,7 +118,7 @@ class ReplayBuffer:
             return False
         group = self.open.get(traj.group_id)
         if group is None:  # unknown group: a replayed log, or a buffer restarted mid-group
-            group = Group(traj.group_id, traj.task, traj.variation, traj.mode, self.cfg.group_size)
+            group = Group(traj.group_id, traj.task, traj.variation, traj.mode, self.cfg.group_size, from_log=True)
             self.open[traj.group_id] = group
         if traj.slot in group.trajectories or traj.mode != group.mode:
             return False
@@ -174,6 +178,43 @@ class ReplayBuffer:
         self.ready.pop(group_id, None)
         self.open.pop(group_id, None)
         self.served.add(group_id)
+
+    def is_duplicate(self, traj: Trajectory) -> bool:
+        """The same episode already arrived (a re-sent upload): answered Ack(duplicate=True)."""
+        return traj.episode_id in self.episode_ids
+
+    def check_lease(self, traj: Trajectory) -> None:
+        """The door for an upload (issue 14): a new trajectory must answer a slot this buffer handed
+        out, in the group's task, variation and mode; else ProtocolError(reason), nothing stored."""
+
+        def refuse(reason: str, detail: str) -> None:
+            raise ProtocolError(reason, f"trajectory {traj.episode_id[:64]!r}: {detail}")
+
+        group = self.open.get(traj.group_id)
+        if group is None:
+            served = traj.group_id in self.served or traj.group_id in self.ready
+            refuse("no_lease", "its group is complete or served" if served else "its group was never handed out")
+        if not 0 <= traj.slot < group.size:
+            refuse("no_lease", f"slot {traj.slot} is not in a group of {group.size}")
+        if (traj.task, traj.variation, traj.mode) != (group.task, group.variation, group.mode):
+            refuse("wrong_group", f"task, variation or mode differ from its group's ({group.mode})")
+        if traj.slot in group.trajectories:
+            refuse("slot_filled", f"slot {traj.slot} already holds another episode")
+        if traj.slot not in group.leases and not group.from_log:
+            refuse("no_lease", f"slot {traj.slot} was not handed out")
+
+    def held_bytes(self) -> int:
+        """Bytes of the trajectories held unserved (open and ready groups): security.max_held_trajectory_bytes."""
+        groups = chain(self.open.values(), self.ready.values())
+        return sum(trajectory_bytes(t) for g in groups for t in g.trajectories.values())
+
+
+def trajectory_bytes(traj: Trajectory) -> int:
+    """A trajectory's size in memory, near enough: its arrays and its texts."""
+    arrays = (traj.prompt_token_ids, traj.prompt_offsets, traj.response_token_ids, traj.response_offsets)
+    arrays += (traj.behaviour_logprobs, traj.tip_spans, traj.policy_versions, traj.num_memories)
+    texts = chain(traj.observations, traj.actions, traj.generated_texts)
+    return sum(a.nbytes for a in arrays) + sum(len(t) for t in texts)
 
 
 @dataclass

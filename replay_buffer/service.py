@@ -21,15 +21,17 @@ Run: `empo2-replay-buffer [key=value ...]`.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 
 from common.metrics import ReplayBufferMetrics
+from common.model_prep import model_vocab_size
 from common.process import run_role
 from common.server import AfterCommit, serve_requests
 from pipeline.cli import role_config
-from pipeline.config import PipelineConfig
-from protocol import encode
+from pipeline.config import PipelineConfig, door_limits
+from protocol import ProtocolError, encode
 from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES
 from protocol.messages import (
     Ack,
@@ -55,14 +57,21 @@ ASSIGNMENT_RETRY_S = 1.0
 
 
 class BufferProcess:
-    def __init__(self, cfg: PipelineConfig, variations: dict[str, list[int]]):
+    def __init__(self, cfg: PipelineConfig, variations: dict[str, list[int]], vocab_size: int = 0):
         self.cfg = cfg  # validated at load: e.g. max_ready_groups >= learner.groups_per_step
+        self.limits = door_limits(cfg, vocab_size)  # every message is checked against these (common/server.py)
         self.buffer = ReplayBuffer(cfg.replay_buffer, variations, cfg.seed)
         self.metrics = ReplayBufferMetrics()
         log_path = cfg.run_path(cfg.replay_buffer.log_file)
         self.report_replay(log_path, BufferLog.replay(log_path, self.buffer))
         self.log = BufferLog(log_path, cfg.replay_buffer.durability)
         self.learner_version = 0
+        # The newest policy version known to exist: the learner's last BatchRequest, or at start the
+        # newest version in the log. A trajectory's versions may be at most one ahead of it (the
+        # learner pushes version v+1 before it asks for its next batch with v+1).
+        held = [t for g in [*self.buffer.open.values(), *self.buffer.ready.values()] for t in g.trajectories.values()]
+        self.newest_version = max((int(t.policy_versions.max()) for t in held), default=0)
+        self.learner_seen = False  # a BatchRequest came from the learner since this process started
         self.handlers = {  # what this server answers (common/server.py: anything else is an unexpected kind)
             Ping: self.ping,
             AssignmentRequest: self.assign,
@@ -108,6 +117,7 @@ class BufferProcess:
                 self.cfg.endpoints.replay_buffer,
                 self.handlers,
                 self.metrics,
+                self.limits,
                 commit=self.commit,
                 commit_interval_s=self.cfg.replay_buffer.group_commit_ms / 1000,
             )
@@ -131,6 +141,8 @@ class BufferProcess:
         return Pong(role="replay_buffer", policy_version=self.learner_version, ready=True)
 
     def assign(self, msg: AssignmentRequest) -> Assignment | Wait:
+        if self.buffer.held_bytes() >= self.cfg.security.max_held_trajectory_bytes:
+            return Wait(retry_after_s=ASSIGNMENT_RETRY_S, reason="the buffer holds its byte limit of trajectories")
         assignment, reissued = self.buffer.assign(time.time())
         if assignment is None:
             return Wait(retry_after_s=ASSIGNMENT_RETRY_S, reason="all open groups handed out, or the learner is behind")
@@ -146,8 +158,12 @@ class BufferProcess:
         return Ack(ref=f"{msg.group_id}/{msg.slot}", detail="released" if released else "no lease")
 
     def add_trajectory(self, msg: Trajectory) -> Ack | ErrorReply | AfterCommit:
-        """Persisted before the Ack; a duplicate (a re-sent upload) is acknowledged and counted.
-        One too large to fit any Batch the learner accepts is refused (too_large)."""
+        """Persisted before the Ack. A duplicate (a re-sent upload) is answered Ack(duplicate=True) and
+        counted; one too large to fit any Batch the learner accepts is refused (too_large); anything
+        else not stored raises ProtocolError: ErrorReply(reason) (common/server.py)."""
+        if self.buffer.is_duplicate(msg):
+            self.metrics.duplicates.inc()
+            return Ack(ref=msg.episode_id, detail="already stored", duplicate=True)
         frames = encode(msg)
         nbytes = sum(len(memoryview(f)) for f in frames)
         limit = self.cfg.replay_buffer.max_trajectory_bytes
@@ -157,6 +173,10 @@ class BufferProcess:
                 reason="too_large",
                 detail=f"trajectory of {nbytes} bytes is over replay_buffer.max_trajectory_bytes ({limit})",
             )
+        newest = int(msg.policy_versions.max())
+        if newest > self.newest_version + 1:
+            raise ProtocolError("version_ahead", f"policy version {newest} > newest known {self.newest_version} + 1")
+        self.buffer.check_lease(msg)
         if self.buffer.add(msg, nbytes):
             self.log.append_trajectory(frames)
             self.metrics.trajectories.labels(msg.mode).inc()
@@ -166,9 +186,23 @@ class BufferProcess:
         self.metrics.groups_ready.set(len(self.buffer.ready))
         return self.durable(Ack(ref=msg.episode_id))
 
+    def check_learner(self, req: BatchRequest) -> None:
+        """Only the learner takes batches (issue 14): its token (security.learner_token, when set; CURVE
+        limits who may connect at all), and a version it can have: at most learner.total_steps, and
+        once the learner has asked, at most one above its previous request (one step per batch)."""
+        token = self.cfg.security.learner_token
+        if token and not hmac.compare_digest(req.token.encode(), token.encode()):
+            raise ProtocolError("not_learner", "batch requests need the learner's token (security.learner_token)")
+        limit = self.cfg.learner.total_steps
+        if self.learner_seen:
+            limit = min(limit, self.learner_version + 1)
+        if req.learner_version > limit:
+            raise ProtocolError("version_ahead", f"learner_version {req.learner_version} > {limit}")
+
     def batch(self, req: BatchRequest) -> Batch | Wait | ErrorReply:
         """A part of the batch in flight (req.batch_id), or a new batch: the learner's first ask
         after a restart also gives back every batch it never confirmed."""
+        self.check_learner(req)
         now = time.time()
         if req.batch_id:
             in_flight = self.buffer.in_flight.get(req.batch_id)
@@ -178,6 +212,8 @@ class BufferProcess:
                 )
             return self._part(in_flight, req.part, 0)
         self.metrics.groups_requeued.inc(self.buffer.requeue_unconfirmed(now, all_batches=True))
+        self.learner_seen = True
+        self.newest_version = max(self.newest_version, req.learner_version)
         self.learner_version = req.learner_version
         self.metrics.policy_version.set(req.learner_version)
         max_bytes = req.max_bytes or DEFAULT_MAX_MESSAGE_BYTES
@@ -242,7 +278,11 @@ def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> No
     run_role(
         cfg or role_config("empo2-replay-buffer", argv),
         "replay_buffer",
-        lambda cfg: BufferProcess(cfg, train_variations(cfg.replay_buffer.tasks, cfg.env.simplification)),
+        lambda cfg: BufferProcess(
+            cfg,
+            train_variations(cfg.replay_buffer.tasks, cfg.env.simplification),
+            model_vocab_size(cfg.model.name, cfg.model.cache_dir or None),
+        ),
     )
 
 

@@ -291,3 +291,23 @@ def test_a_stopping_actor_returns_its_unfinished_slot(stub_server, servers):
     assert actor.workers[0].playing is None
     actor.close()  # nothing left to return: no second message
     assert len(buffer.received) == 1
+
+
+def test_a_refused_upload_loses_that_episode_only_and_is_counted(stub_server, servers):
+    """The buffer refuses a trajectory (e.g. its slot was handed out again and filled): the worker
+    logs and counts it and goes on to its next episode instead of stopping (issue 14)."""
+    from protocol.messages import ErrorReply
+
+    buffer = stub_server(lambda msg: ErrorReply(reason="slot_filled", detail="slot 0 already holds another episode"))
+    policy, memory, _ = servers
+    worker = EnvWorker(
+        _cfg((policy, memory, buffer.endpoint)), runner=EpisodeRunner(ScriptedEnv(1), PlainPrompts(), max_steps=5)
+    )
+    try:
+        episode = worker.play(_assignment(ON_POLICY))
+        worker._upload(episode.trajectory)  # no exception
+        assert (
+            worker.metrics.registry.get_sample_value("empo2_env_actor_errors_total", {"where": "upload_refused"}) == 1
+        )
+    finally:
+        worker.close()

@@ -294,22 +294,27 @@ def test_weight_chunk_tensor_meta_and_bytes_round_trip():
     assert restored.tolist() == [1.5, -2.0]
 
 
-def test_non_contiguous_and_float16_arrays_round_trip():
+def test_non_contiguous_and_fortran_arrays_round_trip():
     base = np.arange(20, dtype=np.int32)
     msg = GenerateRequest(request_id="r", prompt_token_ids=base[::3], max_tokens=1, temperature=0.0, seed=0)
     out = decode(encode(msg))
     assert out.prompt_token_ids.tolist() == [0, 3, 6, 9, 12, 15, 18]
+    spans = np.array([[0, 1], [0, 2], [1, 3]], np.int32).T  # Fortran-ordered view: rows (turn, start, end)
+    out = decode(encode(make_trajectory(tip_spans=spans)))
+    assert out.tip_spans.tolist() == [[0, 0, 1], [1, 2, 3]]
+
+
+def test_an_allowed_dtype_where_the_field_wants_another_is_refused_by_validate():
     resp = GenerateResponse(
         request_id="r",
-        token_ids=np.array([[1, 2], [3, 4]], np.int32).T,  # Fortran-ordered view
-        logprobs=np.zeros((2, 2), np.float16),
+        token_ids=np.zeros(2, np.int32),
+        logprobs=np.zeros(2, np.float16),
         text="",
         policy_version=0,
         finish_reason="length",
-    )
-    out = decode(encode(resp))
-    assert out.token_ids.tolist() == [[1, 3], [2, 4]]
-    assert out.logprobs.dtype == np.float16
+    )  # float16 travels (weights), but a log-prob array is float32
+    with pytest.raises(ProtocolError, match="logprobs must be float32"):
+        decode(encode(resp))
 
 
 def test_missing_field_with_default_takes_the_default():
