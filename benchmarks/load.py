@@ -113,6 +113,8 @@ class Tally:
     assignments: int = 0
     waits: int = 0
     batches: int = 0
+    # replies that arrived before the stop (the rates; requests still in flight drain after it)
+    in_window: Counter = field(default_factory=Counter)
     errors: Counter = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -131,6 +133,7 @@ def actor_loop(name: str, args, stop: threading.Event, tally: Tally) -> None:
                     continue
                 with tally.lock:
                     tally.assignments += 1
+                    tally.in_window["assignment"] += not stop.is_set()
                 traj = trajectory(reply, name, args.turns, args.prompt_tokens, args.response_tokens, rng)
                 t0 = time.perf_counter()
                 ack = buffer.call(traj)
@@ -143,6 +146,7 @@ def actor_loop(name: str, args, stop: threading.Event, tally: Tally) -> None:
             with tally.lock:
                 tally.acked.append(traj.episode_id)
                 tally.ack_s.append(elapsed)
+                tally.in_window["trajectory"] += not stop.is_set()
     finally:
         buffer.close()
 
@@ -162,6 +166,7 @@ def query_loop(name: str, stop: threading.Event, tally: Tally) -> None:
             assert isinstance(result, MemoryResult)
             with tally.lock:
                 tally.query_s.append(time.perf_counter() - t0)
+                tally.in_window["memory_result"] += not stop.is_set()
     finally:
         memory.close()
 
@@ -181,6 +186,7 @@ def learner_loop(stop: threading.Event, tally: Tally) -> None:
             buffer.call(BatchConfirm(batch_id=reply.batch_id))
             with tally.lock:
                 tally.batches += 1
+                tally.in_window["batch"] += not stop.is_set()
     finally:
         buffer.close()
 
@@ -253,21 +259,21 @@ def run_level(level: str, args, root: Path, memory_rss: Rss) -> dict:
             buffer_rss.sample()
             memory_rss.sample()
         stop.set()
+        wall = time.perf_counter() - t0
         for t in threads:
             t.join(CLIENT_TIMEOUT_S + 5)
-        wall = time.perf_counter() - t0
         metrics = scrape("127.0.0.1", MetricsConfig(base_port=METRICS_BASE).port("replay_buffer"))
         rss = buffer_rss.report()
     finally:
         stop_group(proc, grace_s=20)  # SIGTERM: the buffer closes (syncs) its log
-    accepted = len(tally.acked) + len(tally.query_s) + tally.assignments + tally.batches
+    window = tally.in_window
     return {
         "durability": level,
         "seconds": round(wall, 2),
         "trajectories_acked": len(tally.acked),
-        "trajectories_per_s": round(len(tally.acked) / wall, 1),
-        "memory_queries_per_s": round(len(tally.query_s) / wall, 1),
-        "accepted_messages_per_s": round(accepted / wall, 1),
+        "trajectories_per_s": round(window["trajectory"] / wall, 1),
+        "memory_queries_per_s": round(window["memory_result"] / wall, 1),
+        "accepted_messages_per_s": round(sum(window.values()) / wall, 1),
         "batches_confirmed": tally.batches,
         "assignment_waits": tally.waits,
         "errors": dict(tally.errors),
