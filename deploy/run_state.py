@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 STATE_FILE = Path("launch") / "state.json"
+SCALE_FILE = Path("launch") / "scale.json"  # {"num_env_actors": N}: empo2-run --attach asks, the launcher applies
 TARGETS_FILE = Path("prometheus") / "targets.json"
 
 
@@ -75,3 +76,14 @@ def newest_run(runs: Path = Path("runs")) -> Path | None:
     names a new one per run), or None."""
     states = sorted(runs.glob(f"*/{STATE_FILE}"), key=lambda p: p.stat().st_mtime)
     return states[-1].parent.parent if states else None
+
+
+def request_scale(run_dir: str | Path, num_env_actors: int) -> None:
+    write_json(Path(run_dir) / SCALE_FILE, {"num_env_actors": num_env_actors})
+
+
+def read_scale_request(run_dir: str | Path) -> int | None:
+    try:
+        return int(json.loads((Path(run_dir) / SCALE_FILE).read_text())["num_env_actors"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

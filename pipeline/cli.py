@@ -85,6 +85,10 @@ def _run(command: str) -> None:
 
 
 def launch() -> None:
+    if sys.argv[1:2] == ["--attach"]:  # scale a running pipeline: no config of its own to load
+        from deploy.launch import attach_main
+
+        sys.exit(attach_main(sys.argv[2:]))
     _run("empo2-run")
 
 
