@@ -42,9 +42,11 @@ def read_state(run_dir: str | Path) -> dict:
 
 def scrape_targets(roles: list[dict], launcher_target: str) -> list[dict]:
     """File-SD entries: job empo2_<role kind> (as the static prometheus.yml names them), label
-    `role` the process's name (env_actor1), plus the launcher's own endpoint."""
+    `role` the process's name (env_actor1), plus the launcher's own endpoint. The launcher's
+    target has no `role` label: its metrics carry one (the role they count), which a target
+    label would rename to exported_role."""
     entries = [{"targets": [r["metrics"]], "labels": {"job": f"empo2_{r['kind']}", "role": r["name"]}} for r in roles]
-    entries.append({"targets": [launcher_target], "labels": {"job": "empo2_launch", "role": "launch"}})
+    entries.append({"targets": [launcher_target], "labels": {"job": "empo2_launch"}})
     return entries
 
 
