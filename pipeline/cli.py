@@ -85,10 +85,8 @@ def _run(command: str) -> None:
 
 
 def launch() -> None:
-    if sys.argv[1:2] == ["--attach"]:  # scale a running pipeline: no config of its own to load
-        from deploy.launch import attach_main
-
-        sys.exit(attach_main(sys.argv[2:]))
+    if sys.argv[1:2] == ["--attach"]:  # scale a running pipeline: the launcher's main reads the arguments
+        sys.exit(importlib.import_module(COMMANDS["empo2-run"].module).main(sys.argv[1:]))
     _run("empo2-run")
 
 
