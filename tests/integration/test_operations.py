@@ -1,5 +1,5 @@
 """Operations, for real, on one pipeline run shared by the tests of this module (in order): the
-launcher (profile=e2e, its short episodes and 2 learner steps) supervises all roles, and a real
+launcher (profile=e2e, its short episodes; 3 learner steps) supervises all roles, and a real
 Prometheus (Debian's package) scrapes them through the launcher's file-based discovery with the
 rules of deploy/monitoring/rules.yml.
 
@@ -59,6 +59,11 @@ OVERRIDES = [
     "launch.progress_every_s=10",
     "launch.backoff_s=3",
     "learner.checkpoint_every=1",  # a restarted learner resumes from its last step
+    # room for the scaled-up actor: a slot for each of 3 actors at once, and a third learner step so
+    # the run outlasts the scaling (the e2e profile has 1 open group and 2 steps)
+    "replay_buffer.max_open_groups=3",
+    "replay_buffer.max_ready_groups=2",
+    "learner.total_steps=3",
 ]
 ROLES = ["policy_server0", "memory_service", "replay_buffer", "env_actor0", "env_actor1", "learner"]
 TIMEOUT_S = 1500
