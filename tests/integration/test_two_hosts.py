@@ -22,7 +22,7 @@ from tests.integration.conftest import REPO
 
 pytestmark = pytest.mark.e2e
 PORTS = {"policy_server": 36550, "replay_buffer": 36560, "memory_service": 36570}
-TIMEOUT_S = 1200
+TIMEOUT_S = 600
 
 
 def _ip(*args: str) -> subprocess.CompletedProcess:
