@@ -29,14 +29,17 @@ def spawn_role(
     log_path: Path,
     env_extra: dict[str, str] | None = None,
     cwd: Path | None = None,
+    exec_prefix: tuple[str, ...] = (),
 ) -> subprocess.Popen:
     """Start `python -m <module> *args` (a role's main, or any command of the project) with ROLE_ENV
     (and `env_extra`), stdout and stderr appended to `log_path`, in a session of its own: stopping
-    its process group (stop_group) also stops its JVM, vLLM workers and resource trackers."""
+    its process group (stop_group) also stops its JVM, vLLM workers and resource trackers.
+    `exec_prefix`: a command that execs the rest (e.g. `ip netns exec NS`), so the pid and the
+    group stay the role's."""
     env = {**os.environ, **ROLE_ENV, **(env_extra or {})}
     with open(log_path, "ab") as log_file:
         return subprocess.Popen(
-            [sys.executable, "-m", module, *args],
+            [*exec_prefix, sys.executable, "-m", module, *args],
             cwd=cwd,
             stdout=log_file,
             stderr=subprocess.STDOUT,

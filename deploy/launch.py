@@ -15,6 +15,11 @@ file-based discovery) current (deploy/run_state.py). A progress line every
 launch.progress_every_s comes from the processes' Prometheus endpoints. Every `key=value`
 argument is a config override passed to every child as well.
 
+Scaling while it runs: `empo2-run --attach RUN_DIR launch.num_env_actors=N` asks this launcher
+(through <run_dir>/launch/scale.json) to run N env actors: new ones start at once and get
+assignments from the buffer; the ones over N are stopped gracefully and return their unfinished
+slots. The learner, buffer and memory service are not touched.
+
 Run: `empo2-run [key=value ...]`  (what `make run` does after set-up).
 """
 
@@ -34,9 +39,21 @@ from common.metrics import LaunchMetrics
 from common.model_prep import resolve_model
 from common.process import interrupt_on_sigterm, signal_group, spawn_role, wait_group
 from deploy.monitor import scrape, total
-from deploy.run_state import STATE_FILE, TARGETS_FILE, scrape_targets, write_json
+from deploy.run_state import (
+    STATE_FILE,
+    TARGETS_FILE,
+    read_scale_request,
+    read_state,
+    request_scale,
+    scrape_targets,
+    write_json,
+)
 from pipeline.cli import role_config
-from pipeline.config import PipelineConfig
+from pipeline.config import ConfigError, PipelineConfig, load_config
+
+# How long `--attach` waits for the launcher to apply a scale request (a scaled-down actor may take
+# launch.stop_grace_s to stop).
+ATTACH_TIMEOUT_S = 120.0
 
 
 class RoleSpec(NamedTuple):
@@ -49,6 +66,10 @@ class RoleSpec(NamedTuple):
     ends_run: bool = False  # its exit 0 ends the run (the learner); any other exit is restarted
 
 
+def env_actor_spec(j: int) -> RoleSpec:
+    return RoleSpec(f"env_actor{j}", ["actors.env_actor", f"env_actor.index={j}"], "env_actor", j)
+
+
 def role_commands(cfg: PipelineConfig) -> list[RoleSpec]:
     """The role table, in start order: servers first, learner last."""
     commands = [
@@ -59,10 +80,7 @@ def role_commands(cfg: PipelineConfig) -> list[RoleSpec]:
         RoleSpec("memory_service", ["memory_service.service"], "memory_service", 0),
         RoleSpec("replay_buffer", ["replay_buffer.service"], "replay_buffer", 0),
     ]
-    commands += [
-        RoleSpec(f"env_actor{j}", ["actors.env_actor", f"env_actor.index={j}"], "env_actor", j)
-        for j in range(cfg.launch.num_env_actors)
-    ]
+    commands += [env_actor_spec(j) for j in range(cfg.launch.num_env_actors)]
     commands += [RoleSpec("learner", ["learner.train"], "learner", 0, ends_run=True)]
     return commands
 
@@ -77,6 +95,7 @@ class Child:
     restart_times: list[float] = field(default_factory=list)  # time.monotonic() of each restart
     restart_at: float | None = None  # set while the role waits out its backoff
     last_exit: int | None = None
+    stop_by: float | None = None  # scaled down: SIGTERM sent, SIGKILL after this; not restarted
 
     def tail(self, lines: int = 30) -> str:
         try:
@@ -102,6 +121,7 @@ class Launcher:
         self.children: list[Child] = []
         self.log_dir = Path(cfg.run_dir) / "logs"
         self.metrics = LaunchMetrics()
+        self.scale_request: int | None = None  # the last launch/scale.json applied
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -134,13 +154,22 @@ class Launcher:
         when a role has spent its restart budget; None while the run goes on."""
         launch = self.cfg.launch
         changed = False
-        for child in self.children:
+        for child in list(self.children):
             if child.restart_at is not None:
                 if now >= child.restart_at:
                     self._restart(child, now)
                     changed = True
                 continue
             rc = child.process.poll()
+            if child.stop_by is not None:  # scaled down: gone for good once its group has exited
+                if rc is None and now > child.stop_by:
+                    signal_group(child.process, signal.SIGKILL)
+                if rc is not None and wait_group(child.process, now):
+                    print(f"[launch] {child.name} stopped (exit status {rc}): scaled down", flush=True)
+                    self.metrics.role_up.labels(child.name).set(0)
+                    self.children.remove(child)
+                    changed = True
+                continue
             if rc is None:
                 continue
             if child.spec is not None and child.spec.ends_run and rc == 0:
@@ -171,6 +200,32 @@ class Launcher:
         if changed:
             self.write_state()
         return None
+
+    def scale_env_actors(self, count: int, now: float) -> None:
+        """Run `count` env actors: start the missing ones at once (the lowest free indices), stop
+        the ones over it gracefully (SIGTERM: they return their unfinished slots to the buffer)."""
+        actors = [c for c in self.children if c.spec.kind == "env_actor" and c.stop_by is None]
+        for child in sorted(actors, key=lambda c: c.spec.index, reverse=True)[: max(len(actors) - count, 0)]:
+            print(f"[launch] scaling down: stopping {child.name} (pid {child.process.pid})", flush=True)
+            signal_group(child.process, signal.SIGTERM)
+            child.stop_by = now + self.cfg.launch.stop_grace_s
+            child.restart_at = None
+        taken = {c.spec.index for c in self.children if c.spec.kind == "env_actor"}
+        free = (j for j in range(len(taken) + count) if j not in taken)
+        for _ in range(count - len(actors)):
+            spec = env_actor_spec(next(free))
+            child = Child(spec.name, self._spawn(spec), self.log_dir / f"{spec.name}.log", spec)
+            self.children.append(child)
+            self.metrics.role_up.labels(spec.name).set(1)
+            print(f"[launch] scaling up: started {spec.name} (pid {child.process.pid})", flush=True)
+        self.write_state()
+
+    def follow_scale_request(self, now: float) -> None:
+        """Apply <run_dir>/launch/scale.json when `empo2-run --attach` has written a new one."""
+        request = read_scale_request(self.cfg.run_dir) if self.publish else None
+        if request is not None and request != self.scale_request:
+            self.scale_request = request
+            self.scale_env_actors(request, now)
 
     def _restart(self, child: Child, now: float) -> None:
         child.process = self._spawn(child.spec)
@@ -216,7 +271,7 @@ class Launcher:
         buffer = scrape(host, m.port("replay_buffer"))
         memory = scrape(host, m.port("memory_service"))
         servers = [scrape(host, m.port("policy_server", i)) for i in range(len(self.cfg.endpoints.policy_servers))]
-        actors = [scrape(host, m.port("env_actor", j)) for j in range(self.cfg.launch.num_env_actors)]
+        actors = [scrape(host, m.port("env_actor", c.spec.index)) for c in self.children if c.spec.kind == "env_actor"]
         return {
             "learner_steps": total(learner, "empo2_learner_steps_total"),
             "episodes": total(buffer, "empo2_replay_buffer_trajectories_accepted_total"),
@@ -239,6 +294,7 @@ class Launcher:
         t0 = time.monotonic()
         next_report = t0
         while True:
+            self.follow_scale_request(time.monotonic())
             outcome = self.supervise(time.monotonic())
             if outcome is not None:
                 return outcome
@@ -270,8 +326,45 @@ class Launcher:
         self.metrics.close()
 
 
+def attach_main(argv: list[str]) -> int:
+    """`empo2-run --attach RUN_DIR launch.num_env_actors=N`: ask the launcher running RUN_DIR to
+    run N env actors (<run_dir>/launch/scale.json), wait until it does, exit 0. New actors get
+    assignments at once; the ones over N stop gracefully and return their unfinished slots."""
+    if len(argv) != 2 or not argv[1].startswith("launch.num_env_actors="):
+        print("usage: empo2-run --attach RUN_DIR launch.num_env_actors=N", file=sys.stderr)
+        return 2
+    run_dir, override = argv
+    try:
+        count = load_config([f"run_dir={run_dir}", override]).launch.num_env_actors
+    except ConfigError as exc:
+        print(f"empo2-run --attach: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    state = read_state(run_dir)
+    try:
+        os.kill(state["launcher_pid"], 0)
+    except (KeyError, ProcessLookupError):
+        print(f"empo2-run --attach: no launcher is running {run_dir}", file=sys.stderr)
+        return 2
+    request_scale(run_dir, count)
+    print(f"[attach] asked the launcher of {run_dir} (pid {state['launcher_pid']}) for {count} env actors", flush=True)
+    deadline = time.monotonic() + ATTACH_TIMEOUT_S
+    while True:
+        actors = [r for r in read_state(run_dir)["roles"].values() if r["kind"] == "env_actor"]
+        up = sorted(r["name"] for r in actors if r["up"])
+        if len(actors) == len(up) == count:  # the ones scaled down have left the state
+            break
+        if time.monotonic() > deadline:
+            print(f"[attach] not applied after {ATTACH_TIMEOUT_S:.0f}s: env actors up {up}", file=sys.stderr)
+            return 1
+        time.sleep(0.5)
+    print(f"[attach] running env actors: {', '.join(up)}", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--attach"]:
+        return attach_main(argv[1:])
     cfg = cfg or role_config("empo2-run", argv)
     t0 = time.time()
     print(f"[launch] run dir {cfg.run_dir}; preparing model {cfg.model.name}", flush=True)

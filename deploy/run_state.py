@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 STATE_FILE = Path("launch") / "state.json"
+SCALE_FILE = Path("launch") / "scale.json"  # {"num_env_actors": N}: empo2-run --attach asks, the launcher applies
 TARGETS_FILE = Path("prometheus") / "targets.json"
 
 
@@ -41,9 +42,11 @@ def read_state(run_dir: str | Path) -> dict:
 
 def scrape_targets(roles: list[dict], launcher_target: str) -> list[dict]:
     """File-SD entries: job empo2_<role kind> (as the static prometheus.yml names them), label
-    `role` the process's name (env_actor1), plus the launcher's own endpoint."""
+    `role` the process's name (env_actor1), plus the launcher's own endpoint. The launcher's
+    target has no `role` label: its metrics carry one (the role they count), which a target
+    label would rename to exported_role."""
     entries = [{"targets": [r["metrics"]], "labels": {"job": f"empo2_{r['kind']}", "role": r["name"]}} for r in roles]
-    entries.append({"targets": [launcher_target], "labels": {"job": "empo2_launch", "role": "launch"}})
+    entries.append({"targets": [launcher_target], "labels": {"job": "empo2_launch"}})
     return entries
 
 
@@ -75,3 +78,14 @@ def newest_run(runs: Path = Path("runs")) -> Path | None:
     names a new one per run), or None."""
     states = sorted(runs.glob(f"*/{STATE_FILE}"), key=lambda p: p.stat().st_mtime)
     return states[-1].parent.parent if states else None
+
+
+def request_scale(run_dir: str | Path, num_env_actors: int) -> None:
+    write_json(Path(run_dir) / SCALE_FILE, {"num_env_actors": num_env_actors})
+
+
+def read_scale_request(run_dir: str | Path) -> int | None:
+    try:
+        return int(json.loads((Path(run_dir) / SCALE_FILE).read_text())["num_env_actors"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="config overrides (key=value) when there is no launcher state")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between the two scrapes (rates)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may come between the positionals
     if args.run_dir is not None and "=" in str(args.run_dir):  # only overrides were given
         args.overrides, args.run_dir = [str(args.run_dir), *args.overrides], None
     run_dir = args.run_dir or newest_run()

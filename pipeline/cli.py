@@ -108,6 +108,8 @@ def _run(command: str) -> None:
 
 
 def launch() -> None:
+    if sys.argv[1:2] == ["--attach"]:  # scale a running pipeline: the launcher's main reads the arguments
+        sys.exit(importlib.import_module(COMMANDS["empo2-run"].module).main(sys.argv[1:]))
     _run("empo2-run")
 
 

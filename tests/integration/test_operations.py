@@ -1,5 +1,5 @@
 """Operations, for real, on one pipeline run shared by the tests of this module (in order): the
-launcher (profile=e2e, its short episodes and 2 learner steps) supervises all roles, and a real
+launcher (profile=e2e, its short episodes; 3 learner steps) supervises all roles, and a real
 Prometheus (Debian's package) scrapes them through the launcher's file-based discovery with the
 rules of deploy/monitoring/rules.yml.
 
@@ -7,11 +7,14 @@ rules of deploy/monitoring/rules.yml.
   - an env actor killed with SIGKILL: the role-down alert fires for it, the launcher restarts it
     (empo2_launch_restarts_total in Prometheus), the targets follow the new process
   - the replay buffer killed with SIGKILL comes back (replaying its log)
+  - `empo2-run --attach` grows the env actors 2 -> 3 (the new one's episodes reach the buffer)
+    and shrinks them 3 -> 1, with no restart of the learner, buffer or memory service
   - the recording rules give non-zero throughput: episodes, env steps, generated and learner tokens
   - the policy server exports vLLM's engine metrics on its port
   - every dashboard panel reads only metrics the live scrape exports, and every exported family
     is on a panel or deliberately left off (deploy/monitoring/make_dashboard.py)
-  - the run still reaches its step target, the summary counts the restarts, nothing is left running
+  - the run still reaches its step target, the summary counts the restarts, nothing is left running,
+    and no episode an actor delivered is missing from the buffer's log or in it twice
 
 The alerts' `for:` durations are set to 0s in this test's copy of the rules (the durations
 themselves are promtool-tested, tests/unit/deploy/test_rules.py); scrape and evaluation every 1s.
@@ -23,6 +26,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -37,6 +42,7 @@ from deploy.monitoring.make_dashboard import PANELS, panel_metric_names, uncover
 from deploy.prometheus import RULES, start_prometheus, wait_ready
 from deploy.run_state import kill_role, read_state, wait_for_role
 from pipeline.config import load_config
+from replay_buffer.buffer import BufferLog, ReplayBuffer
 from tests.integration.conftest import REPO
 
 pytestmark = pytest.mark.e2e
@@ -53,6 +59,11 @@ OVERRIDES = [
     "launch.progress_every_s=10",
     "launch.backoff_s=3",
     "learner.checkpoint_every=1",  # a restarted learner resumes from its last step
+    # room for the scaled-up actor: a slot for each of 3 actors at once, and a third learner step so
+    # the run outlasts the scaling (the e2e profile has 1 open group and 2 steps)
+    "replay_buffer.max_open_groups=3",
+    "replay_buffer.max_ready_groups=2",
+    "learner.total_steps=3",
 ]
 ROLES = ["policy_server0", "memory_service", "replay_buffer", "env_actor0", "env_actor1", "learner"]
 TIMEOUT_S = 1500
@@ -69,6 +80,19 @@ def _api(path: str, **params) -> dict:
 def _value(expr: str) -> float:
     result = _api("query", query=expr)["result"]
     return sum(float(r["value"][1]) for r in result)
+
+
+class _LoggedEpisodes(ReplayBuffer):
+    """A replay buffer that records every trajectory record the log holds, by episode and actor."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg.replay_buffer, {t: [0] for t in cfg.replay_buffer.tasks}, cfg.seed)
+        self.added, self.actors = [], set()
+
+    def add(self, traj) -> bool:
+        self.added.append(traj.episode_id)
+        self.actors.add(traj.actor_id)
+        return super().add(traj)
 
 
 class Run:
@@ -94,7 +118,10 @@ class Run:
             time.sleep(poll_s)
 
     def targets(self) -> dict[str, dict]:
-        return {t["labels"].get("role"): t for t in _api("targets", state="active")["activeTargets"]}
+        # the launcher's target has no `role` label (its metrics have one): keyed by its job
+        return {
+            t["labels"].get("role", t["labels"]["job"]): t for t in _api("targets", state="active")["activeTargets"]
+        }
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +140,7 @@ def run(tmp_path_factory):
 def test_every_role_is_an_up_target(run):
     def all_up():
         targets = run.targets()
-        return all(targets.get(r, {}).get("health") == "up" for r in [*ROLES, "launch"]) and targets
+        return all(targets.get(r, {}).get("health") == "up" for r in [*ROLES, "empo2_launch"]) and targets
 
     targets = run.wait_for("every target up", all_up, poll_s=2)
     assert targets["env_actor1"]["labels"]["job"] == "empo2_env_actor"
@@ -147,6 +174,30 @@ def test_a_killed_replay_buffer_comes_back(run):
     kill_role(run.run_dir, "replay_buffer", signal.SIGKILL)
     wait_for_role(run.run_dir, "replay_buffer", 1, TIMEOUT_S, run.alive)
     run.wait_for("replay_buffer up again", lambda: run.targets()["replay_buffer"]["health"] == "up", poll_s=2)
+
+
+def test_env_actors_grow_to_three_and_shrink_to_one_while_it_runs(run):
+    """`empo2-run --attach RUN_DIR launch.num_env_actors=N` against the running launcher: the new
+    actor gets assignments at once (its episodes reach the buffer), the stopped ones return their
+    slots; the learner, buffer and memory service are not restarted by it."""
+    before = {n: r["restarts"] for n, r in read_state(run.run_dir)["roles"].items()}
+    attach = [sys.executable, "-m", "deploy.launch", "--attach", str(run.run_dir)]
+    grow = subprocess.run([*attach, "launch.num_env_actors=3"], cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert grow.returncode == 0, grow.stdout + grow.stderr
+    run.wait_for("env_actor2 up in Prometheus", lambda: run.targets().get("env_actor2", {}).get("health") == "up", 2)
+    port = run.cfg.metrics.port("env_actor", 2)
+    run.wait_for("an episode of env_actor2", lambda: total(scrape("127.0.0.1", port), "empo2_env_actor_episodes_total"))
+    shrink = subprocess.run([*attach, "launch.num_env_actors=1"], cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert shrink.returncode == 0, shrink.stdout + shrink.stderr
+    roles = read_state(run.run_dir)["roles"]
+    assert sorted(n for n in roles if n.startswith("env_actor")) == ["env_actor0"]
+    # (the learner is left out: a batch request lost with the killed buffer may still time out and
+    # restart it, which the supervision covers; scaling sends it nothing)
+    for name in ("replay_buffer", "memory_service", "policy_server0"):
+        assert roles[name]["restarts"] == before[name], name
+    run.wait_for("the targets without env_actor1 and 2", lambda: not {"env_actor1", "env_actor2"} & set(run.targets()))
+    log = run.out.read_text()
+    assert "scaling up: started env_actor2" in log and "env_actor2 stopped" in log and "env_actor1 stopped" in log
 
 
 def test_the_recording_rules_give_throughput(run):
@@ -192,6 +243,19 @@ def test_the_run_reaches_its_step_target(run):
     print(json.dumps(summary, indent=1))
     state = read_state(run.run_dir)
     assert not [r for r in state["roles"].values() if r["up"]]
+
+    # no episode lost or duplicated across the kills and the scaling: every episode an actor logged
+    # (after the buffer's Ack) is in the buffer's log once, and every actor that ran has episodes there
+    logged = set()
+    for j in range(3):
+        logged |= set(
+            re.findall(r"episode ([0-9a-f]+) \S+/\d+ mode=", (run.run_dir / "logs" / f"env_actor{j}.log").read_text())
+        )
+    buffer = _LoggedEpisodes(run.cfg)
+    BufferLog.replay(run.run_dir / run.cfg.replay_buffer.log_file, buffer)
+    assert len(buffer.added) == len(set(buffer.added)), "an episode is twice in the buffer log"
+    assert all(any(e.startswith(short) for e in buffer.added) for short in logged), "a delivered episode is missing"
+    assert {a.split(".")[0] for a in buffer.actors} == {"actor0", "actor1", "actor2"}
     for role in state["roles"].values():  # every process the launcher ever started is gone
         with pytest.raises(ProcessLookupError):
             os.kill(role["pid"], 0)

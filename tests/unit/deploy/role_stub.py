@@ -5,6 +5,8 @@
   sleep           sleep until signalled
   done-after:PATH the first run creates PATH and sleeps; a later run exits 0 (a learner that finishes
                   after a restart)
+  serve:PORT      serve an env actor's metrics (common.metrics.EnvActorMetrics) on PORT, counting
+                  env steps, until signalled
 Only the last argument counts: the launcher puts its config overrides first."""
 
 import sys
@@ -19,6 +21,14 @@ if kind == "exit":
 if kind == "flaky" and not Path(rest[0]).exists():
     Path(rest[0]).touch()
     sys.exit(int(rest[1]))
+if kind == "serve":
+    from common.metrics import EnvActorMetrics
+
+    metrics = EnvActorMetrics()
+    metrics.serve("127.0.0.1", int(rest[0]))
+    while True:
+        metrics.env_steps.inc()
+        time.sleep(0.1)
 if kind == "done-after":
     if Path(rest[0]).exists():
         sys.exit(0)

@@ -72,3 +72,20 @@ def test_the_constants_copied_from_the_config_match_its_defaults():
     rules = _rules()
     assert f"> {LearnerConfig().max_staleness} " in rules["EMPO2StalenessOverBound"]["expr"]
     assert rules["EMPO2BufferBacklog"]["expr"].endswith(f">= {ReplayBufferConfig().max_ready_groups}")
+
+
+@needs_promtool
+def test_promtool_accepts_the_static_and_the_generated_prometheus_configs(tmp_path):
+    from deploy.prometheus import RULES as GENERATED_RULES
+    from deploy.prometheus import prometheus_config
+
+    static = subprocess.run(
+        ["promtool", "check", "config", str(MONITORING / "prometheus.yml")], capture_output=True, text=True
+    )
+    assert static.returncode == 0, static.stdout + static.stderr
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump(prometheus_config(tmp_path, "2s", [GENERATED_RULES])))
+    generated = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True)
+    assert generated.returncode == 0 and "SUCCESS: 12 rules found" in generated.stdout, (
+        generated.stdout + generated.stderr
+    )

@@ -6,7 +6,9 @@ state and scrape-target files follow the processes (deploy/run_state.py)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import threading
 import time
 
 import pytest
@@ -101,10 +103,10 @@ def test_the_scrape_targets_follow_the_processes(tmp_path, started):
     started(launcher)
     launcher.start()
     targets = json.loads((tmp_path / TARGETS_FILE).read_text())
-    assert {(t["labels"]["role"], t["labels"]["job"], t["targets"][0]) for t in targets} == {
+    assert {(t["labels"].get("role"), t["labels"]["job"], t["targets"][0]) for t in targets} == {
         ("env_actor0", "empo2_env_actor", f"127.0.0.1:{BASE + 300}"),
         ("env_actor1", "empo2_env_actor", f"127.0.0.1:{BASE + 301}"),
-        ("launch", "empo2_launch", f"127.0.0.1:{BASE + 102}"),
+        (None, "empo2_launch", f"127.0.0.1:{BASE + 102}"),  # its metrics have their own `role` label
     }
     pid = kill_role(tmp_path, "env_actor1")
     back = wait_for_role(
@@ -113,3 +115,51 @@ def test_the_scrape_targets_follow_the_processes(tmp_path, started):
     assert back["pid"] != pid
     with pytest.raises(LookupError):
         kill_role(tmp_path, "env_actor7")
+
+
+def test_attach_grows_and_shrinks_the_env_actors_of_a_running_launcher(tmp_path, started, monkeypatch, capsys):
+    """`empo2-run --attach RUN_DIR launch.num_env_actors=N` against a supervising launcher: 1 -> 3
+    starts two actors at once, 3 -> 1 stops the two highest gracefully (not restarted), the state
+    and the scrape targets follow."""
+    import deploy.launch
+
+    monkeypatch.setattr(
+        deploy.launch, "env_actor_spec", lambda j: RoleSpec(f"env_actor{j}", [STUB, "sleep"], "env_actor", j)
+    )
+    roles = [deploy.launch.env_actor_spec(0), RoleSpec("learner", [STUB, "sleep"], "learner", 0)]
+    launcher = _launcher(tmp_path, roles)
+    started(launcher)
+    launcher.start()
+    stop = threading.Event()
+
+    def supervise():  # the launcher's wait() loop, in a thread while --attach waits in this one
+        while not stop.is_set():
+            launcher.follow_scale_request(time.monotonic())
+            assert launcher.supervise(time.monotonic()) is None
+            time.sleep(0.05)
+
+    loop = threading.Thread(target=supervise)
+    loop.start()
+    try:
+        assert deploy.launch.main(["--attach", str(tmp_path), "launch.num_env_actors=3"]) == 0
+        roles = read_state(tmp_path)["roles"]
+        assert sorted(n for n in roles if n.startswith("env_actor")) == ["env_actor0", "env_actor1", "env_actor2"]
+        targets = {t["labels"].get("role") for t in json.loads((tmp_path / TARGETS_FILE).read_text())}
+        assert {"env_actor1", "env_actor2"} <= targets
+        pids = {n: r["pid"] for n, r in roles.items()}
+
+        assert deploy.launch.main(["--attach", str(tmp_path), "launch.num_env_actors=1"]) == 0
+        roles = read_state(tmp_path)["roles"]
+        assert sorted(roles) == ["env_actor0", "learner"] and roles["env_actor0"]["pid"] == pids["env_actor0"]
+        for gone in ("env_actor1", "env_actor2"):
+            with pytest.raises(ProcessLookupError):
+                os.kill(pids[gone], 0)
+        assert "env_actor1" not in {t["labels"].get("role") for t in json.loads((tmp_path / TARGETS_FILE).read_text())}
+    finally:
+        stop.set()
+        loop.join()
+    assert launcher.restarts() == {"env_actor0": 0, "learner": 0}  # scaling is not a crash
+    out = capsys.readouterr().out
+    assert "scaling up: started env_actor2" in out and "env_actor2 stopped (exit status -15): scaled down" in out
+    assert deploy.launch.main(["--attach", str(tmp_path), "launch.num_env_actors=0"]) == 2  # refused at load
+    assert deploy.launch.main(["--attach", str(tmp_path / "nothing"), "launch.num_env_actors=2"]) == 2
