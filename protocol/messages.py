@@ -558,6 +558,11 @@ class Batch(Message):
     part: int = 0
     num_parts: int = 1
 
+    def validate(self) -> None:
+        _check(self.dropped_stale >= 0, "negative dropped_stale")
+        _check(0 <= self.part < self.num_parts, "part outside 0..num_parts-1")
+        _check(_short(self.batch_id), "batch_id too long")
+
 
 @register
 @dataclass
@@ -570,7 +575,7 @@ class BatchConfirm(Message):
     batch_id: str
 
     def validate(self) -> None:
-        _check(self.dropped_stale >= 0, "negative dropped_stale")
+        _check(bool(self.batch_id) and _short(self.batch_id), "batch_id empty or too long")
 
 
 # ------------------------------------------------------------------------------- memory

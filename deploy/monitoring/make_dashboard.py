@@ -207,6 +207,44 @@ PANELS = [
     ),
 ]
 
+# reliability: what the doors refuse, the buffer's confirmations and its log, the reflection queue
+PANELS += [
+    (
+        "Refused CURVE handshakes / s by role",
+        "ops",
+        ['sum by (job, reason) (rate({__name__=~"empo2_.*_handshake_failures_total"}[5m]))'],
+    ),
+    (
+        "Batches: parts, groups confirmed, requeued, unknown confirms / s",
+        "ops",
+        [
+            "rate(empo2_replay_buffer_batch_parts_total[5m])",
+            "rate(empo2_replay_buffer_groups_confirmed_total[5m])",
+            "rate(empo2_replay_buffer_groups_requeued_total[5m])",
+            "rate(empo2_replay_buffer_batch_confirms_unknown_total[5m])",
+        ],
+    ),
+    (
+        "Buffer log: records replayed, skipped by fault",
+        "none",
+        ["empo2_replay_buffer_log_records_replayed", "sum by (fault) (empo2_replay_buffer_log_records_skipped_total)"],
+    ),
+    (
+        "Buffer log fsync (p99, group commit)",
+        "s",
+        ["histogram_quantile(0.99, sum by (le) (rate(empo2_replay_buffer_log_fsync_seconds_bucket[5m])))"],
+    ),
+    (
+        "Reports duplicate / given up, samples dropped non-finite / s",
+        "ops",
+        [
+            "rate(empo2_memory_service_reports_duplicate_total[5m])",
+            "rate(empo2_memory_service_reports_given_up_total[5m])",
+            "rate(empo2_learner_samples_dropped_nonfinite_total[5m])",
+        ],
+    ),
+]
+
 # vLLM's engine metrics (the policy servers re-export them: common.metrics.VllmEngineMetrics)
 PANELS += [
     ("vLLM requests running / waiting", "none", ["vllm:num_requests_running", "vllm:num_requests_waiting"]),

@@ -62,7 +62,8 @@ def test_a_full_reflection_queue_answers_wait(service, monkeypatch):
     monkeypatch.setattr(service.cfg.security, "max_reflection_queue_bytes", report_bytes(report))
     assert call(service, report) == Ack(ref="e", detail="queued for reflection")
     assert isinstance(call(service, report), Wait)  # the first one still waits for its reflection
-    service.release_report(service.reports.get_nowait())
+    _, queued = service.reports.get_nowait()  # (pending id in the store, report)
+    service.release_report(queued)
     assert service.queued_bytes == 0
 
 

@@ -193,7 +193,7 @@ def test_group_durability_holds_acks_until_the_commit(tmp_path):
     try:
         a = dispatch(process.handlers, AssignmentRequest(actor_id="a"), process.metrics)
         assert isinstance(a, Assignment)  # nothing written: answered at once
-        held = dispatch(process.handlers, traj_for(a), process.metrics)
+        held = dispatch(process.handlers, traj_for(a, versions=(0, 0)), process.metrics)
         assert isinstance(held, AfterCommit) and isinstance(held.reply, Ack)
         assert process.log.unsynced == 1
         process.commit()
@@ -242,7 +242,7 @@ def _null_metrics() -> dict:
         def inc(self, *_):
             pass
 
-    return dict(rejected=Null(), messages_in=Null(), messages_out=Null())
+    return dict(rejected=Null(), messages_in=Null(), messages_out=Null(), handshake_failures=Null())
 
 
 # ------------------------------------------------------------------------------ learner's side
@@ -255,7 +255,7 @@ def test_the_learner_assembles_every_part_and_confirms_the_batch(process):
     endpoint = _free_endpoint()
     threading.Thread(target=serve_requests, args=(endpoint, process.handlers, process.metrics), daemon=True).start()
     client = Client(zmq.Context.instance(), endpoint, timeout_s=10, max_bytes=400_000)
-    learner = SimpleNamespace(buffer=client, lcfg=process.cfg.learner, version=0)
+    learner = SimpleNamespace(buffer=client, cfg=process.cfg, lcfg=process.cfg.learner, version=0)
     learner._call_buffer = lambda msg: Learner._call_buffer(learner, msg)
     try:
         batch = Learner.next_batch(learner)
