@@ -37,6 +37,7 @@ COMMANDS = {
     "empo2-replay-buffer": Command("replay_buffer.service", ("replay_buffer", "env", *_SHARED)),
     "empo2-learner": Command("learner.train", ("learner", "weight_sync", "startup_timeout_s", *_SHARED)),
     "empo2-memory-tta": Command("evaluation.tta", ("tta", "env", "startup_timeout_s", *_SHARED)),
+    "empo2-eval": Command("evaluation.eval", ("eval", "env", "startup_timeout_s", *_SHARED)),
 }
 _HELP_FLAGS = ("-h", "--help")
 
@@ -110,6 +111,10 @@ def learner() -> None:
 
 def memory_tta() -> None:
     _run("empo2-memory-tta")
+
+
+def evaluate() -> None:
+    _run("empo2-eval")
 
 
 def show_config(argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ from common.choices import Choice
 from common.model_prep import EMBEDDED_MODEL
 from common.scienceworld import task_names
 from deploy.config import LaunchConfig
-from evaluation.config import TestTimeAdaptationConfig
+from evaluation.config import EvalConfig, TestTimeAdaptationConfig
 from learner.config import LearnerConfig
 from memory_service.config import MemoryServiceConfig
 from replay_buffer.config import ReplayBufferConfig
@@ -158,6 +158,7 @@ class PipelineConfig:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     tta: TestTimeAdaptationConfig = field(default_factory=TestTimeAdaptationConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def run_path(self, *parts: str) -> Path:
         path = Path(self.run_dir).joinpath(*parts)
@@ -268,6 +269,8 @@ def validate(cfg: PipelineConfig) -> None:
         ("replay_buffer.tasks", rb.tasks),
         ("tta.tasks", cfg.tta.tasks),
         ("env.max_steps_per_task", list(env.max_steps_per_task)),
+        ("eval.tasks", cfg.eval.tasks),
+        ("eval.subset_tasks", cfg.eval.subset_tasks),
     ):
         unknown = [t for t in tasks if known and t not in known]
         check(not unknown, key, f"not ScienceWorld tasks: {', '.join(unknown)}; the tasks are {', '.join(known)}")
@@ -402,6 +405,13 @@ def validate(cfg: PipelineConfig) -> None:
     at_least("tta.variations", cfg.tta.variations, 1)
     at_least("tta.trials", cfg.tta.trials, 1)
     at_least("tta.temperature", cfg.tta.temperature, 0)
+    check(bool(cfg.eval.policy), "eval.policy", "base, latest or a checkpoint directory")
+    at_least("eval.variations", cfg.eval.variations, 1)
+    at_least("eval.episodes", cfg.eval.episodes, 1)
+    at_least("eval.temperature", cfg.eval.temperature, 0)
+    at_least("eval.envs", cfg.eval.envs, 1)
+    at_least("eval.every_steps", cfg.eval.every_steps, 0)
+    at_least("eval.subset_variations", cfg.eval.subset_variations, 1)
 
     _check_ports(cfg)
 
