@@ -43,6 +43,7 @@ from pathlib import Path
 
 from actors.env_actor import EnvActor, Episode
 from common.logs import setup_logging
+from common.metrics import METRICS_LOG
 from common.model_prep import resolve_model
 from common.process import interrupt_on_sigterm
 from deploy.launch import Launcher, role_commands
@@ -345,8 +346,34 @@ def run(cfg: PipelineConfig, overrides: list[str]) -> dict:
     wanted = {episode_key(a.task, a.variation, a.seed) for a in assignments}
     records = [r for key, r in episodes_log.read().items() if key in wanted]
     report = write_results(out, meta, summarize(records, tasks), complete=len(records) == len(assignments))
+    if report["complete"] and todo:  # once per evaluation, when its last episode was played
+        append_to_metrics_log(cfg, policy, report)
     report["out_dir"] = str(out)
     return report
+
+
+def policy_step(policy: PolicyChoice) -> int:
+    """The learner step a scored policy is from: 0 for the base model, N for checkpoint step_N."""
+    prefix, _, number = policy.label.partition("_")
+    return int(number) if prefix == "step" and number.isdigit() else 0
+
+
+def append_to_metrics_log(cfg: PipelineConfig, policy: PolicyChoice, report: dict) -> None:
+    """An "eval" record in the run's metrics log (<run_dir>/metrics.jsonl, beside the learner's
+    "step" records), for empo2-plot's evaluation curves."""
+    record = {
+        "record": "eval",
+        "step": policy_step(policy),
+        "policy": policy.label,
+        "wall_time": time.time(),
+        "mean_score": report["mean_score"],
+        "mean_success_rate": report["mean_success_rate"],
+        "variations_per_task": report["variations_per_task"],
+        "episodes_per_variation": report["episodes_per_variation"],
+        "tasks": {t["task"]: {k: t[k] for k in ("score_mean", "score_std", "success_rate")} for t in report["tasks"]},
+    }
+    with open(cfg.run_path(METRICS_LOG), "a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> int:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import zmq
 
-from common.metrics import LearnerMetrics
+from common.metrics import METRICS_LOG, LearnerMetrics
 from common.model_prep import resolve_model
 from common.process import run_role
 from learner import distributed
@@ -54,7 +54,6 @@ from protocol.messages import Batch, BatchRequest, Trajectory, Wait
 from protocol.transport import wait_until_ready
 
 log = logging.getLogger("learner")
-METRICS_LOG = "metrics.jsonl"  # <run_dir>/metrics.jsonl: Learner.publish appends one step record per line
 
 
 class Trainer:

@@ -26,8 +26,8 @@ from tests.integration.conftest import REPO
 
 pytestmark = pytest.mark.integration
 TASK = "find-animal"
-SERVER, RELAY, MEMORY = "tcp://127.0.0.1:28550", "tcp://127.0.0.1:28551", "tcp://127.0.0.1:28570"
-METRICS_BASE = 30100  # 30100..31099: disjoint from the other tests' metrics blocks and from the endpoints above
+SERVER, RELAY, MEMORY = "tcp://127.0.0.1:41550", "tcp://127.0.0.1:41551", "tcp://127.0.0.1:41570"
+METRICS_BASE = 40000  # 40000..40999: disjoint from the other tests' metrics blocks and from the endpoints above
 RUN_S = 600
 
 
