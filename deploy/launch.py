@@ -49,7 +49,9 @@ def role_commands(cfg: PipelineConfig) -> list[tuple[str, list[str]]]:
     commands += [
         (f"env_actor{j}", ["actors.env_actor", f"env_actor.index={j}"]) for j in range(cfg.launch.num_env_actors)
     ]
-    commands += [("learner", ["learner.train"])]
+    # eval.every_steps: the periodic evaluation, its own process (never in the learner's way)
+    commands += [("evaluator", ["evaluation.periodic"])] if cfg.eval.every_steps else []
+    commands += [("learner", ["learner.train"])]  # last: Launcher.wait watches it
     return commands
 
 

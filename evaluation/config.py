@@ -41,3 +41,8 @@ class EvalConfig:
     every_steps: int = 0
     subset_tasks: list[str] = field(default_factory=list)  # [] = tasks
     subset_variations: int = 2
+    # the periodic evaluation's own policy server (it serves the checkpoint, beside the training's) and
+    # its metrics block (metrics.base_port's layout, METRICS_PORTS, moved here so no port is shared)
+    server_endpoint: str = "tcp://127.0.0.1:5580"
+    metrics_base_port: int = 10100
+    poll_s: float = 10.0  # how often the periodic evaluation looks for a new checkpoint

@@ -96,13 +96,15 @@ def eval_tasks(cfg: PipelineConfig) -> list[str]:
     return list(cfg.eval.tasks or cfg.replay_buffer.tasks)
 
 
-def settings(cfg: PipelineConfig, policy: PolicyChoice, tasks: list[str]) -> dict:
+def settings(cfg: PipelineConfig, policy: PolicyChoice) -> dict:
     """What decides an episode's outcome besides its seed: a resumed evaluation must match them."""
     return {
         "policy": policy.label,
         "model": policy.model,
         "temperature": cfg.eval.temperature,
-        "step_limits": {task: cfg.env.step_limit(task) for task in tasks},
+        # the limits of every task, not only of `tasks`: evaluations of other tasks share the directory
+        "max_steps": cfg.env.max_steps,
+        "max_steps_per_task": cfg.env.task_limits(),
         "simplification": cfg.env.simplification,
         "env_step_limit": cfg.env.env_step_limit,
         "max_action_tokens": cfg.env_actor.max_action_tokens,
@@ -301,7 +303,7 @@ def run(cfg: PipelineConfig, overrides: list[str]) -> dict:
     tasks = eval_tasks(cfg)
     out = Path(cfg.run_dir) / "eval" / policy.label
     out.mkdir(parents=True, exist_ok=True)
-    check_settings(out, settings(cfg, policy, tasks))
+    check_settings(out, settings(cfg, policy))
     episodes_log = EpisodeLog(out / EPISODES_FILE)
     meta = {
         "policy": policy.label,
@@ -318,14 +320,15 @@ def run(cfg: PipelineConfig, overrides: list[str]) -> dict:
     launcher.log_dir = out / "logs"
     with ExitStack() as cleanup:
         cleanup.callback(launcher.stop)  # registered first, so it runs last and also after a partial start
-        launcher.start()
         pool = EnvActor(play_cfg)
         cleanup.callback(pool.close)
-        pool.open()  # the tokenizer and the JVMs load while the servers start
         env = pool.workers[0].env
         assignments = plan(tasks, {t: env.test_variations(t) for t in tasks}, cfg.eval.variations, cfg.eval.episodes)
         done = episodes_log.read()
         todo = [a for a in assignments if episode_key(a.task, a.variation, a.seed) not in done]
+        if todo:  # else nothing to serve: the tables are written from the episodes file alone
+            launcher.start()
+            pool.open()  # the other envs' JVMs load while the servers start
         print(
             f"[eval] {policy.label} ({policy.model}): {len(assignments)} episodes over {len(tasks)} tasks, "
             f"{len(assignments) - len(todo)} already in {episodes_log.path}, {len(todo)} to play on "

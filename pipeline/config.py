@@ -412,6 +412,29 @@ def validate(cfg: PipelineConfig) -> None:
     at_least("eval.envs", cfg.eval.envs, 1)
     at_least("eval.every_steps", cfg.eval.every_steps, 0)
     at_least("eval.subset_variations", cfg.eval.subset_variations, 1)
+    if cfg.eval.every_steps:
+        every, ckpt = cfg.eval.every_steps, lr.checkpoint_every
+        check(
+            ckpt > 0 and every % ckpt == 0,
+            "eval.every_steps",
+            f"{every} must be a multiple of learner.checkpoint_every ({ckpt}): it scores those checkpoints",
+        )
+        check(cfg.eval.poll_s > 0, "eval.poll_s", "must be > 0")
+        eval_low = cfg.eval.metrics_base_port
+        check(
+            1024 <= eval_low <= 65535 - METRICS_PORT_SPAN
+            and (
+                eval_low + METRICS_PORT_SPAN <= cfg.metrics.base_port
+                or eval_low >= cfg.metrics.base_port + METRICS_PORT_SPAN
+            ),
+            "eval.metrics_base_port",
+            f"its block {eval_low}..{eval_low + METRICS_PORT_SPAN - 1} must lie in 1024..65535, apart from metrics.base_port's",
+        )
+        check(
+            cfg.eval.server_endpoint not in cfg.endpoints.policy_servers,
+            "eval.server_endpoint",
+            "is one of endpoints.policy_servers: the periodic evaluation serves its checkpoint on its own",
+        )
 
     _check_ports(cfg)
 
