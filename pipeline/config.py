@@ -141,6 +141,22 @@ class WeightSyncConfig:
     zmq_chunk_bytes: int = 64 << 20  # zmq: weight push message size (<= policy_server.max_weight_message_bytes)
 
 
+# pipeline.mode: "async" (the default: actors play on while the learner steps, the system's design) or
+# "sync" (the synchronous baseline: the same processes in lockstep; replay_buffer/buffer.py). A
+# functional Enum, as "async" is a Python keyword (Choice members are named as their values).
+PipelineMode = Choice("PipelineMode", {"async": "async", "sync": "sync"})
+
+
+@dataclass
+class PipelineModeConfig:
+    """How rollouts and learner steps interleave; read by the replay buffer, which paces both."""
+
+    # async: actors keep playing while the learner steps (staleness up to learner.max_staleness);
+    # sync: the buffer hands out one batch of groups per policy version, and the next batch only once
+    # the learner asks for a batch with the new version, i.e. after its step and weight push (staleness 0)
+    mode: PipelineMode = PipelineMode["async"]
+
+
 @dataclass
 class PipelineConfig:
     run_dir: str = "runs/default"  # logs, checkpoints, buffer log and memory store of this run (conf: one per run)
@@ -159,6 +175,7 @@ class PipelineConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     tta: TestTimeAdaptationConfig = field(default_factory=TestTimeAdaptationConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    pipeline: PipelineModeConfig = field(default_factory=PipelineModeConfig)
 
     def run_path(self, *parts: str) -> Path:
         path = Path(self.run_dir).joinpath(*parts)

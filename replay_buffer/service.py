@@ -38,7 +38,8 @@ ASSIGNMENT_RETRY_S = 1.0
 class BufferProcess:
     def __init__(self, cfg: PipelineConfig, variations: dict[str, list[int]]):
         self.cfg = cfg  # validated at load: e.g. max_ready_groups >= learner.groups_per_step
-        self.buffer = ReplayBuffer(cfg.replay_buffer, variations, cfg.seed)
+        sync_groups = cfg.learner.groups_per_step if cfg.pipeline.mode == "sync" else 0  # pipeline.mode
+        self.buffer = ReplayBuffer(cfg.replay_buffer, variations, cfg.seed, sync_groups)
         self.metrics = ReplayBufferMetrics()
         log_path = cfg.run_path(cfg.replay_buffer.log_file)
         replayed = BufferLog.replay(log_path, self.buffer)
@@ -88,6 +89,7 @@ class BufferProcess:
     def batch(self, req: BatchRequest) -> Batch | Wait:
         self.learner_version = req.learner_version
         self.metrics.policy_version.set(req.learner_version)
+        self.buffer.start_round(req.learner_version)  # sync mode: the learner's step and push are done
         groups, stale = self.buffer.take_batch(req.learner_version, req.num_groups, req.max_staleness)
         for g in stale + groups:
             self.log.append_served(g.group_id)
