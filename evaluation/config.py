@@ -45,4 +45,4 @@ class EvalConfig:
     # its metrics block (metrics.base_port's layout, METRICS_PORTS, moved here so no port is shared)
     server_endpoint: str = "tcp://127.0.0.1:5580"
     metrics_base_port: int = 10100
-    poll_s: float = 10.0  # how often the periodic evaluation looks for a new checkpoint
+    checkpoint_poll_s: float = 10.0  # how often the periodic evaluation looks for a new checkpoint

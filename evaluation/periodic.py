@@ -1,7 +1,7 @@
 """The periodic evaluation during training (eval.every_steps > 0): a role of its own, started by
 the launcher beside the learner, which never waits on it.
 
-Every eval.poll_s it looks at <run_dir>/checkpoints; when the newest complete checkpoint is from
+Every eval.checkpoint_poll_s it looks at <run_dir>/checkpoints; when the newest complete checkpoint is from
 a step that is a multiple of eval.every_steps and has not been scored yet, it scores that one
 (older unscored ones are skipped: the newest is what matters) with the same evaluation as
 empo2-eval, on eval.subset_tasks (default eval.tasks) x eval.subset_variations test variations:
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> in
         while True:
             checkpoint = due_checkpoint(cfg, scored)
             if checkpoint is None:
-                time.sleep(cfg.eval.poll_s)
+                time.sleep(cfg.eval.checkpoint_poll_s)
                 continue
             scored.add(checkpoint.name)
             failures += 0 if score(cfg, argv, checkpoint) else 1

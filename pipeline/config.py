@@ -436,7 +436,7 @@ def validate(cfg: PipelineConfig) -> None:
             "eval.every_steps",
             f"{every} must be a multiple of learner.checkpoint_every ({ckpt}): it scores those checkpoints",
         )
-        check(cfg.eval.poll_s > 0, "eval.poll_s", "must be > 0")
+        check(cfg.eval.checkpoint_poll_s > 0, "eval.checkpoint_poll_s", "must be > 0")
         eval_low = cfg.eval.metrics_base_port
         check(
             1024 <= eval_low <= 65535 - METRICS_PORT_SPAN
