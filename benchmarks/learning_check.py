@@ -4,8 +4,9 @@
 limits, so one sees where learning can show at all (tasks neither all zero nor saturated). The
 tasks are evaluated in chunks, each its own `python -m evaluation.eval` under the machine's
 heavy-run lock (`--lock`, released between chunks so other work can use the CPU); the
-evaluation's episodes file makes the chunks resume and add up. A last pass over all tasks (it
-plays nothing) writes the whole table, copied to benchmarks/results/learning_check_base.{json,md}.
+evaluation's episodes file makes the chunks resume and add up. Then `collect` (no process: the evaluation's scoring of its episodes file) writes the table of
+everything played so far to benchmarks/results/learning_check_base.{json,md}; `--collect` alone
+does only that.
 
 `compare`: EMPO2 and GRPO trained with the same seed and the same wall budget (empo2-run with
 launch.timeout_s = --budget-min, checkpoints every --checkpoint-every steps), each scored before
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from benchmarks.record import REPO, run_header, write_result
 from common.scienceworld import task_names
+from evaluation.eval import EPISODES_FILE, EpisodeLog, summarize, write_results
 
 RESULTS = REPO / "benchmarks" / "results"
 # this benchmark's policy server and metrics ports, away from the defaults and the tests' (a pipeline may be running)
@@ -60,19 +62,38 @@ def base(args) -> int:
     ]
     chunks = [tasks[i : i + args.tasks_per_chunk] for i in range(0, len(tasks), args.tasks_per_chunk)]
     for k, chunk in enumerate(chunks):
-        if args.chunk is not None and k != args.chunk:
+        if args.collect or args.chunk is not None and k != args.chunk:
             continue
         _eval(run_dir, args.lock, [*limits, f"eval.tasks=[{','.join(chunk)}]"])
-    if args.chunk is not None:
+    if args.chunk is not None and not args.collect:
         return 0
-    _eval(run_dir, args.lock, [*limits, f"eval.tasks=[{','.join(tasks)}]"])  # plays nothing: all are in the file
+    return collect(run_dir, tasks, limits, args)
+
+
+def collect(run_dir: Path, tasks: list[str], limits: list[str], args) -> int:
+    """The table of every episode played so far (no process started): the evaluation's own scoring
+    of its episodes file, into benchmarks/results/."""
     out = run_dir / "eval" / "base"
-    report = json.loads((out / "results.json").read_text())
-    scored = [t for t in report["tasks"] if 0 < t["score_mean"] < 100]
+    records = list(EpisodeLog(out / EPISODES_FILE).read().values())
+    rows = summarize(records, tasks)
+    settings = json.loads((out / "settings.json").read_text())
+    meta = {
+        "policy": "base",
+        "model": settings["model"],
+        "temperature": settings["temperature"],
+        "variations_per_task": args.variations,
+        "episodes_per_variation": args.episodes,
+        "memory": False,
+    }
+    planned = len(tasks) * args.variations * args.episodes
+    report = write_results(out, meta, rows, complete=len(records) == planned)
     result = {
         **run_header([".venv/bin/python", "-m", "benchmarks.learning_check"], sys.argv[1:]),
         "limits": limits,
-        "tasks_with_signal": [t["task"] for t in scored],  # neither all zero nor saturated
+        "settings": settings,
+        "tasks_evaluated": len(rows),
+        "tasks_planned": len(tasks),
+        "tasks_with_signal": [r.task for r in rows if any(s != 0 for s in r.seed_means)],  # not all zero
         **report,
     }
     write_result(RESULTS / "learning_check_base.json", result)
@@ -144,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--max-steps", type=int, default=8)
     b.add_argument("--envs", type=int, default=2)
     b.add_argument("--run-dir", default="runs/learning_check_base")
+    b.add_argument("--collect", action="store_true", help="only write the table of the episodes played so far")
     c = sub.add_parser("compare", help="EMPO2 vs GRPO, same seed and wall budget, before/after")
     c.add_argument("--tasks", nargs="+", required=True)
     c.add_argument("--budget-min", type=float, default=45.0)
