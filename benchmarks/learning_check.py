@@ -93,7 +93,13 @@ def collect(run_dir: Path, tasks: list[str], limits: list[str], args) -> int:
         "settings": settings,
         "tasks_evaluated": len(rows),
         "tasks_planned": len(tasks),
-        "tasks_with_signal": [r.task for r in rows if any(s != 0 for s in r.seed_means)],  # not all zero
+        # where learning can show: some episode earned partial credit, and not every one the full score
+        "tasks_with_signal": [
+            r.task
+            for r in rows
+            if any(e["score"] > 0 for e in records if e["task"] == r.task)
+            and not all(e["score"] >= 100 for e in records if e["task"] == r.task)
+        ],
         **report,
     }
     write_result(RESULTS / "learning_check_base.json", result)

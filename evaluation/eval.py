@@ -240,17 +240,20 @@ def _paper(task: str, method: str) -> str:
     return f"{mean:.1f} ± {std:.1f}"
 
 
-def markdown_table(rows: list[TaskScore], policy: str, episodes_per_variation: int) -> str:
+def markdown_table(rows: list[TaskScore], policy: str, variations: int, episodes_per_variation: int) -> str:
     lines = [
-        f"Policy `{policy}`: test variations, no memory; score mean ± std over seeds; success = done and score > 70.",
-        f"Paper: Table 1 (Qwen2.5-7B-Instruct, 20 test variations x {episodes_per_variation} episodes here vs 4 there).",
+        f"Policy `{policy}`: test variations, no memory; score mean ± std over seeds (– with one seed); "
+        "success = done and score > 70.",
+        f"Here the first {variations} test variations x {episodes_per_variation} episodes per task; the paper "
+        "(Table 1, Qwen2.5-7B-Instruct): 20 x 4.",
         "",
         "| task | variations x seeds | score | success | paper EMPO2 | paper GRPO |",
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r.task} | {r.variations} x {len(r.seed_means)} | {r.score_mean:.1f} ± {r.score_std:.1f} | "
+            f"| {r.task} | {r.variations} x {len(r.seed_means)} | {r.score_mean:.1f} ± "
+            f"{f'{r.score_std:.1f}' if len(r.seed_means) > 1 else '–'} | "
             f"{100 * r.success_rate:.0f}% | {_paper(r.task, 'EMPO2')} | {_paper(r.task, 'GRPO')} |"
         )
     if rows:
@@ -273,7 +276,8 @@ def write_results(out: Path, meta: dict, rows: list[TaskScore], complete: bool) 
             writer.writerow(
                 [r.task, r.variations, r.episodes, f"{r.score_mean:.3f}", f"{r.score_std:.3f}", r.success_rate]
             )
-    (out / "table.md").write_text(markdown_table(rows, meta["policy"], meta["episodes_per_variation"]))
+    table = markdown_table(rows, meta["policy"], meta["variations_per_task"], meta["episodes_per_variation"])
+    (out / "table.md").write_text(table)
     return report
 
 

@@ -38,6 +38,6 @@ def test_collect_writes_the_table_of_what_was_played(tmp_path, monkeypatch):
     assert result["tasks_evaluated"] == 2 and result["tasks_planned"] == 3 and result["complete"] is False
     assert result["tasks_with_signal"] == ["find-animal"]
     assert (
-        "| find-animal | 2 x 1 | 12.5 ± 0.0 | 0% | 100.0 ± 0.0 | 72.4 ± 6.8 |"
+        "| find-animal | 2 x 1 | 12.5 ± – | 0% | 100.0 ± 0.0 | 72.4 ± 6.8 |"
         in (tmp_path / "results" / "learning_check_base.md").read_text()
     )

@@ -60,10 +60,13 @@ def test_summarize_std_over_seeds_and_success_rate():
 
 def test_table_puts_the_papers_numbers_beside_ours(tmp_path):
     rows = summarize([_record("find-animal", 0, 0, 100), _record("boil", 0, 0, 10)], ["find-animal", "boil"])
-    table = markdown_table(rows, "base", 1)
-    assert "| find-animal | 1 x 1 | 100.0 ± 0.0 | 100% | 100.0 ± 0.0 | 72.4 ± 6.8 |" in table
-    assert "| boil | 1 x 1 | 10.0 ± 0.0 | 0% |  |  |" in table
-    report = write_results(tmp_path, {"policy": "base", "episodes_per_variation": 1}, rows, complete=True)
+    table = markdown_table(rows, "base", 1, 1)
+    assert "| find-animal | 1 x 1 | 100.0 ± – | 100% | 100.0 ± 0.0 | 72.4 ± 6.8 |" in table
+    assert "| boil | 1 x 1 | 10.0 ± – | 0% |  |  |" in table
+    two_seeds = summarize([_record("boil", 0, 0, 10), _record("boil", 0, 1, 30)], ["boil"])
+    assert "| boil | 1 x 2 | 20.0 ± 14.1 | 0% |" in markdown_table(two_seeds, "base", 1, 2)
+    meta = {"policy": "base", "variations_per_task": 1, "episodes_per_variation": 1}
+    report = write_results(tmp_path, meta, rows, complete=True)
     assert report["mean_score"] == pytest.approx(55.0)
     assert json.loads((tmp_path / "results.json").read_text())["tasks"][0]["task"] == "find-animal"
     assert (tmp_path / "results.csv").read_text().splitlines()[1].startswith("find-animal,1,1,100.000")
