@@ -34,6 +34,10 @@ from evaluation.plot import read_log
 # profile's 1 and 1 would make both modes lockstep); ports away from the defaults and the tests'
 CONFIG = [
     "profile=cpu",
+    # GRPO (p = 0): no memory service work (reflections on the policy server) competing for the two
+    # cores in either mode, and no long seeded reflection prompt (vLLM 0.32's CPU engine died on one
+    # here: "CPU Generator does not use offset", when a seeded request's prefill is chunked)
+    "preset=grpo",
     "learner.total_steps=100000",
     "replay_buffer.max_open_groups=2",
     "replay_buffer.max_ready_groups=2",
@@ -50,7 +54,10 @@ CONFIG = [
 
 
 def measure(run_dir: Path, envs: int) -> dict:
-    steps, _ = read_log(run_dir)  # the learner's step records (a cut last line skipped)
+    try:
+        steps, _ = read_log(run_dir)  # the learner's step records (a cut last line skipped)
+    except FileNotFoundError:  # the run ended before its first learner step (see its launch.out)
+        steps = []
     if len(steps) < 2:
         return {"learner_steps": len(steps), "error": "fewer than 2 learner steps: no window to measure"}
     window_steps = steps[1:]  # the window opens at the first step's record

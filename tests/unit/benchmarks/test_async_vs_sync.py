@@ -26,3 +26,7 @@ def test_rates_over_the_window_from_the_first_step_to_the_last():
 def test_fewer_than_two_steps_leave_no_window(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"record": "step", "step": 1}\n')
     assert "error" in measure(tmp_path, envs=2)
+
+
+def test_a_run_without_a_metrics_log_is_measured_as_no_window(tmp_path):
+    assert measure(tmp_path, envs=2)["learner_steps"] == 0
