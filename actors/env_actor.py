@@ -89,6 +89,13 @@ class EpisodeStats:
     tips_shown: int = 0
     step_seconds: list[float] = field(default_factory=list)
     prompt_tokens: list[int] = field(default_factory=list)  # each turn's prompt length
+    phase_seconds: dict[str, float] = field(default_factory=dict)  # ROLLOUT_PHASES of the turns, summed
+
+    def timed(self, phase: str, t0: float) -> float:
+        """Add the time since t0 to `phase`; returns now (the next phase's t0)."""
+        now = time.perf_counter()
+        self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + now - t0
+        return now
 
 
 @dataclass
@@ -162,7 +169,7 @@ class EpisodeRunner:
         past: list[ChatTurn] = []
         turns: list[Turn] = []
         for t in range(self.step_limit(a.task)):
-            t0 = time.perf_counter()
+            t0 = tick = time.perf_counter()
             tips, n, retrieved = [], 0, False
             if a.mode in TIP_MODES:
                 found = retrieve(a.task, a.variation, result.state)
@@ -171,21 +178,27 @@ class EpisodeRunner:
                 else:
                     (tips, n), retrieved = found, True
                     stats.tips_shown += len(tips)
+                tick = stats.timed("memory_retrieval", tick)
             prompt = self.prompts.build(ctx, past, result.state, tips)
             stats.prompt_tokens.append(len(prompt.token_ids))
+            tick = stats.timed("prompt", tick)
             response = generate(prompt.token_ids, a.seed * TURN_SEEDS + t)
+            tick = stats.timed("generation", tick)
             action, mapped = most_similar_action(response.text, result.valid_actions)
             stats.invalid_actions += int(mapped)
             turns.append(Turn(prompt.token_ids, prompt.tip_spans, response, n, retrieved, result.state, action))
             past.append(ChatTurn(result.state, tips, action))
             result = self.env.step(action)
+            stats.timed("env_step", tick)
             stats.step_seconds.append(time.perf_counter() - t0)
             if result.done:
                 break
-        return self._trajectory(a, actor_id, turns, result.score, result.done), stats
+        return self._trajectory(a, actor_id, turns, result.score, result.done, stats.phase_seconds), stats
 
     @staticmethod
-    def _trajectory(a: Assignment, actor_id: str, turns: list[Turn], score: float, done: bool) -> Trajectory:
+    def _trajectory(
+        a: Assignment, actor_id: str, turns: list[Turn], score: float, done: bool, phase_seconds: dict[str, float]
+    ) -> Trajectory:
         def offsets(arrays):
             return np.concatenate([[0], np.cumsum([len(x) for x in arrays])]).astype(np.int64)
 
@@ -215,6 +228,7 @@ class EpisodeRunner:
             memory_retrieved=np.asarray([t.memory_retrieved for t in turns], dtype=np.uint8),
             generated_texts=[t.response.text[:MAX_GENERATED_TEXT_CHARS] for t in turns],
             success=is_success(done, score),
+            phase_seconds=dict(phase_seconds),
         )
 
 
@@ -439,14 +453,20 @@ class EnvWorker:
             self.open()
             self.wait_ready()
             log.info("%s ready; playing episodes", self.actor_id)
+            report_s = 0.0  # the previous episode's memory report: it goes with the next trajectory
             while True:
+                waited = time.perf_counter()
                 assignment = self.playing = self._next_assignment()
+                waited = time.perf_counter() - waited
                 t0 = time.time()
                 episode = self.play(assignment)
                 trajectory = episode.trajectory
+                trajectory.phase_seconds.update(assignment_wait=waited, memory_report=report_s)
                 self._upload(trajectory)
                 self.playing = None
+                report_s = time.perf_counter()
                 self.report_episode(episode)
+                report_s = time.perf_counter() - report_s
                 self._record(episode)
                 log.info(
                     "episode %s %s/%d mode=%s turns=%d score=%.0f success=%s versions=%s (%.1fs)",
@@ -558,10 +578,17 @@ class EnvActor:
         """EnvWorker.wait_ready for the pool: the servers answer every worker once they answer one."""
         self.workers[0].wait_ready(buffer, memory, timeout_s, on_wait)
 
-    def play_all(self, assignments: Sequence[Assignment], temperature: float | None = None) -> list[Episode]:
+    def play_all(
+        self,
+        assignments: Sequence[Assignment],
+        temperature: float | None = None,
+        on_episode: Callable[[int, Episode], None] | None = None,
+    ) -> list[Episode]:
         """Play every assignment, the pool's envs concurrently (each takes the next one left), and
-        return the episodes in the order of `assignments`. After a failure the envs take no new
-        assignment; the first failure is raised once all have stopped."""
+        return the episodes in the order of `assignments`. `on_episode(index, episode)` runs in the
+        playing env's thread as each one ends (an evaluation records it there, so an interruption
+        loses only the episodes in flight). After a failure the envs take no new assignment; the
+        first failure is raised once all have stopped."""
         self.open()
         todo: queue.SimpleQueue[tuple[int, Assignment]] = queue.SimpleQueue()
         for item in enumerate(assignments):
@@ -577,10 +604,13 @@ class EnvActor:
                     return
                 try:
                     episodes[i] = worker.play(assignment, temperature)
+                    if on_episode is not None:
+                        on_episode(i, episodes[i])
                 except BaseException as exc:  # noqa: BLE001  (raised in the caller's thread below)
                     failures.append(exc)
 
         threads = [threading.Thread(target=drain, args=(w,), name=w.actor_id, daemon=True) for w in self.workers]
+        self._threads = dict(enumerate(threads))  # close() leaves a worker still playing (interrupted) alone
         for t in threads:
             t.start()
         for t in threads:

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+# Besides Prometheus, a run's metrics log <run_dir>/metrics.jsonl, one JSON record per line: the
+# learner's "step" records (learner/train.py) and the evaluations' "eval" records (evaluation/eval.py),
+# read by empo2-plot (evaluation/plot.py). Lines are appended whole (one write each).
+METRICS_LOG = "metrics.jsonl"
+
 
 class RoleMetrics:
     """The metrics every role has; role-specific ones are added by the subclasses below."""
@@ -270,7 +275,23 @@ class LaunchMetrics:
             self._server = None
 
 
-ROLE_METRICS = (PolicyServerMetrics, EnvActorMetrics, ReplayBufferMetrics, MemoryServiceMetrics, LearnerMetrics)
+class EvaluatorMetrics(RoleMetrics):
+    """The periodic evaluation (evaluation/periodic.py): checkpoints scored, by outcome."""
+
+    def __init__(self) -> None:
+        super().__init__("evaluator")
+        self.evaluations = self._counter("evaluations", "Checkpoint evaluations run, by outcome", ("outcome",))
+        self.last_step = self._gauge("last_scored_step", "Policy version of the newest checkpoint scored")
+
+
+ROLE_METRICS = (
+    PolicyServerMetrics,
+    EnvActorMetrics,
+    ReplayBufferMetrics,
+    MemoryServiceMetrics,
+    LearnerMetrics,
+    EvaluatorMetrics,
+)
 
 
 def family_samples(registry: CollectorRegistry) -> dict[str, list[str]]:

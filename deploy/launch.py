@@ -81,6 +81,8 @@ def role_commands(cfg: PipelineConfig) -> list[RoleSpec]:
         RoleSpec("replay_buffer", ["replay_buffer.service"], "replay_buffer", 0),
     ]
     commands += [env_actor_spec(j) for j in range(cfg.launch.num_env_actors)]
+    # eval.every_steps: the periodic evaluation, its own process (never in the learner's way)
+    commands += [RoleSpec("evaluator", ["evaluation.periodic"], "evaluator", 0)] if cfg.eval.every_steps else []
     commands += [RoleSpec("learner", ["learner.train"], "learner", 0, ends_run=True)]
     return commands
 

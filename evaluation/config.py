@@ -17,3 +17,32 @@ class TestTimeAdaptationConfig:
     trials: int = 5  # K: attempts per (task, variation); memory grows between them
     temperature: float = 0.4  # evaluation temperature (empo2.md)
     reflection_wait_s: float = 300.0  # wait for each trial's reflection before the next trial
+
+
+@dataclass
+class EvalConfig:
+    """`empo2-eval`: a policy scored as the paper's Table 1 is (empo2.md, "Reference experimental
+    setup"): the first `variations` test variations of each task, `episodes` episodes each, no
+    memory, at `temperature`, with the per-task step limits of `env`."""
+
+    # what is scored: "base" (model.name), "latest" (the newest checkpoint in <run_dir>/checkpoints),
+    # or a checkpoint directory
+    policy: str = "base"
+    tasks: list[str] = field(default_factory=list)  # [] = replay_buffer.tasks (the trained ones)
+    variations: int = 20  # the first N test variations of each task (never a train variation)
+    episodes: int = 4  # episodes per variation, seeds 0..N-1 (the reference harness: 4)
+    temperature: float = 0.4  # the paper's evaluation temperature
+    envs: int = 2  # ScienceWorld envs (one JVM and one thread each) played in parallel
+    # reuse the policy servers of endpoints.policy_servers instead of starting one (they must serve
+    # the policy being scored)
+    reuse_servers: bool = False
+    # during training: every N learner steps the same evaluation, on subset_tasks x subset_variations,
+    # runs as its own process against the newest checkpoint (0 = never)
+    every_steps: int = 0
+    subset_tasks: list[str] = field(default_factory=list)  # [] = tasks
+    subset_variations: int = 2
+    # the periodic evaluation's own policy server (it serves the checkpoint, beside the training's) and
+    # its metrics block (metrics.base_port's layout, METRICS_PORTS, moved here so no port is shared)
+    server_endpoint: str = "tcp://127.0.0.1:5580"
+    metrics_base_port: int = 10100
+    checkpoint_poll_s: float = 10.0  # how often the periodic evaluation looks for a new checkpoint

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import zmq
 
-from common.metrics import LearnerMetrics
+from common.metrics import METRICS_LOG, LearnerMetrics
 from common.model_prep import resolve_model
 from common.process import run_role
 from learner import distributed
@@ -156,13 +156,29 @@ def step_record(
     """One step's record: learner_summary.json's history, the metrics (LearnerMetrics.observe_step)
     and the log line. `version`: the policy version the step produced."""
     staleness = [version - 1 - v for t in trajectories for v in t.policy_versions.tolist()]
+    modes = sorted({t.mode for t in trajectories})
+    by_mode = {mode: [t for t in trajectories if t.mode == mode] for mode in modes}
+    rollout_phases: dict[str, float] = {}
+    for t in trajectories:
+        for phase, seconds in t.phase_seconds.items():
+            rollout_phases[phase] = rollout_phases.get(phase, 0.0) + seconds
     return {
+        "record": "step",  # the metrics log also holds "eval" records (evaluation/eval.py)
         "step": version,
         "policy_version": version,
         "episodes": len(trajectories),
         "episode_score_mean": float(np.mean([t.score for t in trajectories])),
-        "modes": sorted({t.mode for t in trajectories}),
+        "modes": modes,
+        "episodes_by_mode": {mode: len(ts) for mode, ts in by_mode.items()},
+        "score_mean_by_mode": {mode: float(np.mean([t.score for t in ts])) for mode, ts in by_mode.items()},
+        "success_rate": float(np.mean([bool(t.success) for t in trajectories])),
+        "success_rate_by_mode": {mode: float(np.mean([bool(t.success) for t in ts])) for mode, ts in by_mode.items()},
+        "env_steps": sum(t.num_turns for t in trajectories),
+        "generated_tokens": sum(int(t.response_token_ids.size) for t in trajectories),
+        # the actors' time in the batch's episodes per phase (summed over episodes: actor-seconds)
+        "rollout_phase_seconds": rollout_phases,
         "staleness_mean_versions": float(np.mean(staleness)),
+        "staleness_max_versions": int(max(staleness)),
         "step_seconds": step_s,
         "weight_push_seconds": push.seconds,
         "weight_push_engine_seconds": push.engine_seconds,
@@ -201,6 +217,7 @@ class Learner:
         # (version, path) of the newest checkpoint on disk: a version is never written twice
         self.saved = (self.version, str(resume_from[0]) if self.is_rank0 else "") if resume_from else (-1, "")
         self.history: list[dict] = []
+        self._started = self._last_publish = time.time()  # the metrics log's wall clock
         if not self.is_rank0:
             return
         ctx = zmq.Context.instance()
@@ -311,8 +328,11 @@ class Learner:
                 log.warning("%s; asking the replay buffer again", exc)
 
     def publish(self, record: dict) -> None:
+        record = {**record, **self.throughput(record)}
         self.metrics.observe_step(record)
         self.history.append(record)
+        with open(self.cfg.run_path(METRICS_LOG), "a") as f:  # one line per step, for empo2-plot
+            f.write(json.dumps(record) + "\n")
         log.info(
             "step %d: loss=%.4f samples=%d (masked %d) tokens=%d optimizer_steps=%d score=%.1f ratio=%.3f clip=%.3f "
             "mismatch=%.2e/%.2e nats lr=%.2e step=%.1fs push=%.1fs phases: %s",
@@ -332,6 +352,26 @@ class Learner:
             record["weight_push_seconds"],
             " ".join(f"{phase}={seconds:.2f}s" for phase, seconds in record["phase_seconds"].items()),
         )
+
+    def throughput(self, record: dict) -> dict:
+        """Wall-clock fields of a step's record: the time, and the rates of each role since the
+        previous step (env actors: episodes and env steps; policy servers: generated tokens of the
+        batch; learner: trained tokens per second of its step)."""
+        now = time.time()
+        interval = max(now - self._last_publish, 1e-9)
+        self._last_publish = now
+        return {
+            "wall_time": now,
+            "elapsed_s": now - self._started,
+            "interval_s": interval,
+            "throughput": {
+                "env_actor_episodes_per_s": record["episodes"] / interval,
+                "env_actor_env_steps_per_s": record["env_steps"] / interval,
+                "policy_server_tokens_per_s": record["generated_tokens"] / interval,
+                "learner_tokens_per_s": record["tokens"] / max(record["step_seconds"], 1e-9),
+                "learner_steps_per_hour": 3600.0 / interval,
+            },
+        }
 
     def save_checkpoint(self) -> str:
         """Every rank takes part; rank 0 writes it and gets its path ("" elsewhere). A version

@@ -34,9 +34,10 @@ COMMANDS = {
     "empo2-policy-server": Command("actors.policy_server", ("policy_server", "weight_sync", *_SHARED)),
     "empo2-env-actor": Command("actors.env_actor", ("env_actor", "env", "startup_timeout_s", *_SHARED)),
     "empo2-memory-service": Command("memory_service.service", ("memory_service", *_SHARED)),
-    "empo2-replay-buffer": Command("replay_buffer.service", ("replay_buffer", "env", *_SHARED)),
+    "empo2-replay-buffer": Command("replay_buffer.service", ("replay_buffer", "env", "pipeline", *_SHARED)),
     "empo2-learner": Command("learner.train", ("learner", "weight_sync", "startup_timeout_s", *_SHARED)),
     "empo2-memory-tta": Command("evaluation.tta", ("tta", "env", "startup_timeout_s", *_SHARED)),
+    "empo2-eval": Command("evaluation.eval", ("eval", "env", "startup_timeout_s", *_SHARED)),
 }
 _HELP_FLAGS = ("-h", "--help")
 # security.curve: the client key (protocol/security.py, CLIENT_NAMES) each command's sockets use;
@@ -135,6 +136,10 @@ def learner() -> None:
 
 def memory_tta() -> None:
     _run("empo2-memory-tta")
+
+
+def evaluate() -> None:
+    _run("empo2-eval")
 
 
 def show_config(argv: list[str] | None = None) -> int:

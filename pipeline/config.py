@@ -24,7 +24,7 @@ from common.choices import Choice
 from common.model_prep import EMBEDDED_MODEL
 from common.scienceworld import task_names
 from deploy.config import LaunchConfig
-from evaluation.config import TestTimeAdaptationConfig
+from evaluation.config import EvalConfig, TestTimeAdaptationConfig
 from learner.config import LearnerConfig
 from memory_service.config import MemoryServiceConfig
 from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES
@@ -65,6 +65,7 @@ METRICS_PORTS = {
     "learner": (200, 100),  # torchrun rank r: base + 200 + r, r < 100
     "env_actor": (300, 700),  # actor j: base + 300 + j, j < 700
     "launch": (102, 1),  # base + 102: the supervising launcher (restarts, roles up)
+    "evaluator": (103, 1),  # base + 103: the periodic evaluation (eval.every_steps)
 }
 METRICS_PORT_SPAN = 1000  # base_port .. base_port + 999
 
@@ -144,6 +145,22 @@ class WeightSyncConfig:
     zmq_chunk_bytes: int = 64 << 20  # zmq: weight push message size (<= policy_server.max_weight_message_bytes)
 
 
+# pipeline.mode: "async" (the default: actors play on while the learner steps, the system's design) or
+# "sync" (the synchronous baseline: the same processes in lockstep; replay_buffer/buffer.py). A
+# functional Enum, as "async" is a Python keyword (Choice members are named as their values).
+PipelineMode = Choice("PipelineMode", {"async": "async", "sync": "sync"})
+
+
+@dataclass
+class PipelineModeConfig:
+    """How rollouts and learner steps interleave; read by the replay buffer, which paces both."""
+
+    # async: actors keep playing while the learner steps (staleness up to learner.max_staleness);
+    # sync: the buffer hands out one batch of groups per policy version, and the next batch only once
+    # the learner asks for a batch with the new version, i.e. after its step and weight push (staleness 0)
+    mode: PipelineMode = PipelineMode["async"]
+
+
 @dataclass
 class SecurityConfig:
     """Who may talk to the servers and what they accept at the door (issue 14; README, Reliability):
@@ -185,6 +202,8 @@ class PipelineConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     tta: TestTimeAdaptationConfig = field(default_factory=TestTimeAdaptationConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    pipeline: PipelineModeConfig = field(default_factory=PipelineModeConfig)
 
     def run_path(self, *parts: str) -> Path:
         path = Path(self.run_dir).joinpath(*parts)
@@ -295,6 +314,8 @@ def validate(cfg: PipelineConfig) -> None:
         ("replay_buffer.tasks", rb.tasks),
         ("tta.tasks", cfg.tta.tasks),
         ("env.max_steps_per_task", list(env.max_steps_per_task)),
+        ("eval.tasks", cfg.eval.tasks),
+        ("eval.subset_tasks", cfg.eval.subset_tasks),
     ):
         unknown = [t for t in tasks if known and t not in known]
         check(not unknown, key, f"not ScienceWorld tasks: {', '.join(unknown)}; the tasks are {', '.join(known)}")
@@ -444,6 +465,36 @@ def validate(cfg: PipelineConfig) -> None:
     at_least("tta.variations", cfg.tta.variations, 1)
     at_least("tta.trials", cfg.tta.trials, 1)
     at_least("tta.temperature", cfg.tta.temperature, 0)
+    check(bool(cfg.eval.policy), "eval.policy", "base, latest or a checkpoint directory")
+    at_least("eval.variations", cfg.eval.variations, 1)
+    at_least("eval.episodes", cfg.eval.episodes, 1)
+    at_least("eval.temperature", cfg.eval.temperature, 0)
+    at_least("eval.envs", cfg.eval.envs, 1)
+    at_least("eval.every_steps", cfg.eval.every_steps, 0)
+    at_least("eval.subset_variations", cfg.eval.subset_variations, 1)
+    if cfg.eval.every_steps:
+        every, ckpt = cfg.eval.every_steps, lr.checkpoint_every
+        check(
+            ckpt > 0 and every % ckpt == 0,
+            "eval.every_steps",
+            f"{every} must be a multiple of learner.checkpoint_every ({ckpt}): it scores those checkpoints",
+        )
+        check(cfg.eval.checkpoint_poll_s > 0, "eval.checkpoint_poll_s", "must be > 0")
+        eval_low = cfg.eval.metrics_base_port
+        check(
+            1024 <= eval_low <= 65535 - METRICS_PORT_SPAN
+            and (
+                eval_low + METRICS_PORT_SPAN <= cfg.metrics.base_port
+                or eval_low >= cfg.metrics.base_port + METRICS_PORT_SPAN
+            ),
+            "eval.metrics_base_port",
+            f"its block {eval_low}..{eval_low + METRICS_PORT_SPAN - 1} must lie in 1024..65535, apart from metrics.base_port's",
+        )
+        check(
+            cfg.eval.server_endpoint not in cfg.endpoints.policy_servers,
+            "eval.server_endpoint",
+            "is one of endpoints.policy_servers: the periodic evaluation serves its checkpoint on its own",
+        )
 
     # security: text bounds and queue sizes
     for name in (

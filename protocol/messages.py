@@ -30,6 +30,10 @@ SUCCESS_SCORE = 70.0
 MAX_GENERATED_TEXT_CHARS = 2048
 
 
+# The env actor's timed phases of an episode (Trajectory.phase_seconds)
+ROLLOUT_PHASES = ("generation", "env_step", "memory_retrieval", "prompt", "assignment_wait", "memory_report")
+
+
 def is_success(done: bool, score: float) -> bool:
     return bool(done and score > SUCCESS_SCORE)
 
@@ -430,8 +434,14 @@ class Trajectory(Message):
     # done and score > SUCCESS_SCORE (the reference wrapper's definition of a solved episode). Derived
     # from done and score; validate() checks it agrees with them.
     success: bool | None = None
+    # The env actor's wall seconds of this episode per phase (ROLLOUT_PHASES: generation, env_step,
+    # memory_retrieval, prompt, and around it assignment_wait and the previous episode's memory_report):
+    # the learner's metrics log sums them per step (the paper's Figure 12). Derived: {} (not measured).
+    phase_seconds: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
+        if self.phase_seconds is None:
+            self.phase_seconds = {}
         if self.memory_retrieved is None:
             self.memory_retrieved = np.full(self.num_turns, int(self.mode in TIP_MODES), np.uint8)
         if self.generated_texts is None:
@@ -484,6 +494,10 @@ class Trajectory(Message):
             f"a generated text is longer than {MAX_GENERATED_TEXT_CHARS} characters",
         )
         _check(self.success == is_success(self.done, self.score), "success must be done and score > SUCCESS_SCORE")
+        _check(
+            all(k in ROLLOUT_PHASES and 0 <= v < float("inf") for k, v in self.phase_seconds.items()),
+            f"phase_seconds keys must be of {ROLLOUT_PHASES}, their seconds finite and >= 0",
+        )
         spans = self.tip_spans
         _check(spans.ndim == 2 and spans.shape[1] == 3, "tip_spans must be [k, 3]")
         for turn, start, end in spans.tolist():

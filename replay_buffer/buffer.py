@@ -60,8 +60,17 @@ class Group:
 class ReplayBuffer:
     """The buffer's logic: no sockets, no files (the log is replayed through add/mark_served)."""
 
-    def __init__(self, cfg: ReplayBufferConfig, variations: dict[str, list[int]], seed: int):  # seed: the run's
+    def __init__(
+        self, cfg: ReplayBufferConfig, variations: dict[str, list[int]], seed: int, sync_groups: int = 0
+    ):  # seed: the run's
+        """sync_groups > 0: the synchronous baseline (pipeline.mode=sync, sync_groups = the learner's
+        groups_per_step): one batch of groups per policy version (a round), the next round opened by
+        the learner's request for a batch at the next version (start_round), so no episode is played
+        while the learner steps and pushes, and every turn is played by the version that learns from it."""
         self.cfg = cfg
+        self.sync_groups = sync_groups
+        self.round_version = 0  # sync: the policy version whose round is being played
+        self.round_groups = 0  # sync: groups created in this round
         self.rng = random.Random(seed)
         self.targets = [(task, v) for task in cfg.tasks for v in variations[task][: cfg.variations_per_task]]
         if not self.targets:
@@ -87,6 +96,9 @@ class ReplayBuffer:
                     return self._assignment(group, slot), leased is not None
         if len(self.open) >= self.cfg.max_open_groups or len(self.ready) >= self.cfg.max_ready_groups:
             return None, False
+        if self.sync_groups and self.round_groups >= self.sync_groups:  # this version's batch is handed out
+            return None, False
+        self.round_groups += 1
         task, variation = self.targets[self._next_target % len(self.targets)]
         self._next_target += 1
         mode = draw_mode(self.rng, self.cfg.p_memory, self.cfg.q_off_policy)
@@ -129,6 +141,12 @@ class ReplayBuffer:
         if group.complete:
             self.ready[group.group_id] = self.open.pop(group.group_id)
         return True
+
+    def start_round(self, learner_version: int) -> None:
+        """sync: the learner asks for a batch at `learner_version`; past the round's version (its step
+        and push are done: the servers serve it), the next round's groups may be handed out."""
+        if self.sync_groups and learner_version > self.round_version:
+            self.round_version, self.round_groups = learner_version, 0
 
     def take_batch(
         self, learner_version: int, num_groups: int, max_staleness: int, max_bytes: int, now: float

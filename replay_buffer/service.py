@@ -60,7 +60,8 @@ class BufferProcess:
     def __init__(self, cfg: PipelineConfig, variations: dict[str, list[int]], vocab_size: int = 0):
         self.cfg = cfg  # validated at load: e.g. max_ready_groups >= learner.groups_per_step
         self.limits = door_limits(cfg, vocab_size)  # every message is checked against these (common/server.py)
-        self.buffer = ReplayBuffer(cfg.replay_buffer, variations, cfg.seed)
+        sync_groups = cfg.learner.groups_per_step if cfg.pipeline.mode == "sync" else 0  # pipeline.mode
+        self.buffer = ReplayBuffer(cfg.replay_buffer, variations, cfg.seed, sync_groups)
         self.metrics = ReplayBufferMetrics()
         log_path = cfg.run_path(cfg.replay_buffer.log_file)
         self.report_replay(log_path, BufferLog.replay(log_path, self.buffer))
@@ -216,6 +217,7 @@ class BufferProcess:
         self.newest_version = max(self.newest_version, req.learner_version)
         self.learner_version = req.learner_version
         self.metrics.policy_version.set(req.learner_version)
+        self.buffer.start_round(req.learner_version)  # sync mode: the learner's step and push are done
         max_bytes = req.max_bytes or DEFAULT_MAX_MESSAGE_BYTES
         try:
             batch, stale = self.buffer.take_batch(

@@ -235,6 +235,11 @@ PANELS += [
         ["histogram_quantile(0.99, sum by (le) (rate(empo2_replay_buffer_log_fsync_seconds_bucket[5m])))"],
     ),
     (
+        "Periodic evaluations (eval.every_steps): by outcome, newest step scored",
+        "none",
+        ["sum by (outcome) (empo2_evaluator_evaluations_total)", "empo2_evaluator_last_scored_step"],
+    ),
+    (
         "Reports duplicate / given up, samples dropped non-finite / s",
         "ops",
         [

@@ -18,7 +18,7 @@ from learner.samples import TurnSample
 from learner.step import PHASES, PhaseTimer, PreScores, StepStats, StepTotals, micro_batch_loss, train_step
 from learner.train import step_record
 from learner.weight_push import PushTiming
-from protocol.messages import ON_POLICY, ON_POLICY_TIPS
+from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
 from tests.factories import mixed_group, tiny_llama
 
 SUMS = dict(
@@ -214,3 +214,18 @@ def test_step_record_carries_the_phases_and_the_metrics_export_them(model):
     assert value("empo2_learner_masked_fraction", {"mode": "on_policy"}) == record["masked_fraction_on_policy"]
     assert record["masked_fraction_off_policy"] is None
     assert value("empo2_learner_masked_fraction", {"mode": "off_policy"}) is None
+
+
+def test_step_record_scores_per_mode_and_sums_the_actors_phases(model):
+    trajectories = mixed_group(0)  # scores 0, 25, 50, 75 in modes on, tips, off, on; all done
+    for t in trajectories:
+        t.phase_seconds = {"generation": 1.0, "env_step": 0.5}
+    trajectories[3].success = True  # done and 75 > 70
+    stats = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), [_sample()], LearnerConfig(), 0)
+    record = step_record(1, trajectories, stats, {}, step_s=1.0, push=PushTiming(seconds=0.0, engine_seconds=0.0))
+    assert record["record"] == "step"
+    assert record["episodes_by_mode"] == {ON_POLICY: 2, ON_POLICY_TIPS: 1, OFF_POLICY: 1}
+    assert record["score_mean_by_mode"][ON_POLICY] == pytest.approx(37.5)
+    assert record["success_rate"] == 0.25 and record["success_rate_by_mode"][ON_POLICY] == 0.5
+    assert record["rollout_phase_seconds"] == {"generation": 4.0, "env_step": 2.0}
+    assert record["env_steps"] == 8 and record["staleness_max_versions"] == 0

@@ -586,3 +586,40 @@ def test_buffer_process_answers_its_message_types_and_refuses_others(tmp_path):
     [record] = replayed.open[assignment.group_id].trajectories.values()
     assert record.success and record.generated_texts == traj.generated_texts
     np.testing.assert_array_equal(record.memory_retrieved, traj.memory_retrieved)
+
+
+# ----------------------------------------------------------------------------- sync mode (pipeline.mode=sync)
+
+
+def test_sync_mode_plays_one_batch_per_version_and_nothing_while_the_learner_steps():
+    """A lockstep run of 3 learner steps: the buffer hands out exactly one batch of groups per
+    version, none between serving a batch and the learner's request at the next version (its
+    step and push), and every served turn was played by the version that learns from it."""
+    groups_per_step = 2
+    buffer = ReplayBuffer(make_cfg(max_open_groups=4, max_ready_groups=4), VARIATIONS, seed=0, sync_groups=2)
+    server_version = 0  # what the policy servers serve: the learner's, after each push
+    for version in range(3):
+        buffer.start_round(version)  # the learner's BatchRequest at `version`
+        played = []
+        while (a := buffer.assign(0.0)[0]) is not None:  # the actors take everything handed out
+            played.append(a)
+        assert len({a.group_id for a in played}) == groups_per_step
+        for a in played:
+            assert buffer.add(traj_for(a, versions=(server_version, server_version)))
+        batch, stale = buffer.take_batch(version, groups_per_step, max_staleness=0)
+        assert len(batch) == groups_per_step and not stale
+        staleness = {version - v for g in batch for t in g.trajectories.values() for v in t.policy_versions.tolist()}
+        assert staleness == {0}
+        # the learner steps and pushes: the actors ask, and are told to wait
+        assert buffer.assign(0.0) == (None, False)
+        buffer.start_round(version)  # a repeated request at the same version opens nothing
+        assert buffer.assign(0.0) == (None, False)
+        server_version = version + 1  # the push is acknowledged before the next BatchRequest
+
+
+def test_async_mode_keeps_handing_out_groups_while_the_learner_steps():
+    buffer = make_buffer(max_open_groups=4, max_ready_groups=8)
+    complete_group(buffer)
+    complete_group(buffer)
+    batch, _ = buffer.take_batch(5, 2, max_staleness=4)
+    assert len(batch) == 2 and buffer.assign(0.0)[0] is not None  # no round: the actors play on

@@ -1,0 +1,113 @@
+"""Async vs sync: the same pipeline (empo2-run, every role a process) in pipeline.mode=async and
+pipeline.mode=sync, on the same config, for the same wall budget each, in one invocation.
+
+Each mode runs `python -m deploy.launch` with launch.timeout_s = --budget-s (the budget ends the
+run; learner.total_steps is out of reach) in its own run dir, then its metrics log
+(<run_dir>/metrics.jsonl, one record per learner step) is read. Rates are over the window from
+the first learner step to the last (the start-up, the same in both modes, is left out):
+  learner_steps_per_hour   (steps in the window) / window
+  episodes_per_s, env_steps_per_s   of the episodes the learner trained on in the window
+  learner_idle_fraction    the learner's batch_wait seconds / window
+  actor_idle_fraction      1 - (actor-seconds spent in episodes) / (window x envs): the time the
+                           env actors had no episode to play (told to wait, or waiting to be told)
+  staleness_max            the largest staleness of any trained turn (0 in sync mode by design)
+and the ratio async / sync of learner steps per hour. The result goes to
+benchmarks/results/async_vs_sync.json.
+
+Run (repository root; starts vLLM, ScienceWorld and the learner: hold the machine's heavy-run lock):
+  flock /tmp/empo2-heavy.lock .venv/bin/python -m benchmarks.async_vs_sync --budget-s 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.record import REPO, run_header, write_result
+from evaluation.plot import read_log
+
+# the CPU profile with two groups in flight, so the async mode can play ahead of the learner (the
+# profile's 1 and 1 would make both modes lockstep); ports away from the defaults and the tests'
+CONFIG = [
+    "profile=cpu",
+    # GRPO (p = 0): no memory service work (reflections on the policy server) competing for the two
+    # cores in either mode, and no long seeded reflection prompt (vLLM 0.32's CPU engine died on one
+    # here: "CPU Generator does not use offset", when a seeded request's prefill is chunked)
+    "preset=grpo",
+    "learner.total_steps=100000",
+    "replay_buffer.max_open_groups=2",
+    "replay_buffer.max_ready_groups=2",
+    "learner.max_staleness=4",
+    # shorter prompts (no demonstration, the last turn only): a learner step of the 16 turn samples
+    # takes well under the profile's ~2 min, so a budget of minutes holds several steps
+    "env_actor.demonstration=false",
+    "env_actor.history_window=1",
+    "endpoints.policy_servers=[tcp://127.0.0.1:44550]",
+    "endpoints.replay_buffer=tcp://127.0.0.1:44560",
+    "endpoints.memory_service=tcp://127.0.0.1:44570",
+    "metrics.base_port=45000",
+]
+
+
+def measure(run_dir: Path, envs: int) -> dict:
+    try:
+        steps, _ = read_log(run_dir)  # the learner's step records (a cut last line skipped)
+    except FileNotFoundError:  # the run ended before its first learner step (see its launch.out)
+        steps = []
+    if len(steps) < 2:
+        return {"learner_steps": len(steps), "error": "fewer than 2 learner steps: no window to measure"}
+    window_steps = steps[1:]  # the window opens at the first step's record
+    window = steps[-1]["wall_time"] - steps[0]["wall_time"]
+    busy = sum(s for r in window_steps for p, s in r["rollout_phase_seconds"].items() if p != "assignment_wait")
+    return {
+        "learner_steps": len(steps),
+        "window_s": window,
+        "learner_steps_per_hour": len(window_steps) / window * 3600,
+        "episodes_per_s": sum(r["episodes"] for r in window_steps) / window,
+        "env_steps_per_s": sum(r["env_steps"] for r in window_steps) / window,
+        "learner_idle_fraction": sum(r["phase_seconds"].get("batch_wait", 0.0) for r in window_steps) / window,
+        "actor_idle_fraction": max(0.0, 1 - busy / (window * envs)),
+        "staleness_max": max(r["staleness_max_versions"] for r in steps),
+        "staleness_mean": sum(r["staleness_mean_versions"] for r in steps) / len(steps),
+        "step_seconds_mean": sum(r["step_seconds"] for r in steps) / len(steps),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="async_vs_sync", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget-s", type=float, default=300.0, help="wall budget per mode (start-up included)")
+    parser.add_argument("--run-root", default="runs/async_vs_sync")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "async_vs_sync.json"))
+    parser.add_argument("overrides", nargs="*", help="more key=value overrides, for both modes")
+    args = parser.parse_args(argv)
+    from pipeline.config import load_config
+
+    config = [*CONFIG, *args.overrides, f"launch.timeout_s={args.budget_s}"]
+    cfg = load_config(config)
+    envs = cfg.launch.num_env_actors * cfg.env_actor.envs_per_actor
+    result = {**run_header([".venv/bin/python", "-m", "benchmarks.async_vs_sync"], sys.argv[1:]), "config": config}
+    for mode in ("async", "sync"):
+        run_dir = (REPO / args.run_root / f"{mode}-{int(time.time())}").resolve()
+        run_dir.mkdir(parents=True)
+        print(f"[async_vs_sync] {mode}: {args.budget_s:.0f}s in {run_dir}", flush=True)
+        with open(run_dir / "launch.out", "w") as out:
+            subprocess.run(
+                [sys.executable, "-m", "deploy.launch", *config, f"pipeline.mode={mode}", f"run_dir={run_dir}"],
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        result[mode] = {"run_dir": str(run_dir.relative_to(REPO)), **measure(run_dir, envs)}
+        print(f"[async_vs_sync] {mode}: {json.dumps(result[mode])}", flush=True)
+    a, s = result["async"].get("learner_steps_per_hour"), result["sync"].get("learner_steps_per_hour")
+    result["async_over_sync_learner_steps_per_hour"] = a / s if a and s else None
+    write_result(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
