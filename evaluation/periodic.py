@@ -77,7 +77,9 @@ def score(cfg: PipelineConfig, overrides: list[str], checkpoint: Path, metrics: 
     ok = rc == 0 and results.exists() and json.loads(results.read_text()).get("complete", False)
     metrics.evaluations.labels("ok" if ok else "failed").inc()
     if ok:
-        metrics.last_step.set(policy_step(PolicyChoice(checkpoint.name, str(checkpoint))))
+        step = policy_step(PolicyChoice(checkpoint.name, str(checkpoint)))
+        metrics.last_step.set(step)
+        metrics.policy_version.set(step)
         log.info("scored %s: %s", checkpoint.name, json.loads(results.read_text()).get("mean_score"))
     else:
         log.warning("evaluation of %s failed (exit %s); see %s", checkpoint.name, rc, log_path)

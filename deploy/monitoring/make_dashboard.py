@@ -275,6 +275,7 @@ NOT_ON_DASHBOARD = {
     "empo2_memory_service_reflection_batch_size": "a batching diagnostic, read in benchmarks",
     "empo2_memory_service_embedding_batch_size": "a batching diagnostic, read in benchmarks",
     "empo2_launch_last_exit_code": "a last value, shown by empo2-status",
+    "empo2_evaluator_policy_version": "the same as empo2_evaluator_last_scored_step, which is on a panel",
 }
 # ...and by pattern: vLLM's own families beyond the panels above (its documentation lists them;
 # which ones exist depends on the vLLM version and its features, e.g. speculative decoding)

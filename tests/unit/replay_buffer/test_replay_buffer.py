@@ -606,9 +606,9 @@ def test_sync_mode_plays_one_batch_per_version_and_nothing_while_the_learner_ste
         assert len({a.group_id for a in played}) == groups_per_step
         for a in played:
             assert buffer.add(traj_for(a, versions=(server_version, server_version)))
-        batch, stale = buffer.take_batch(version, groups_per_step, max_staleness=0)
-        assert len(batch) == groups_per_step and not stale
-        staleness = {version - v for g in batch for t in g.trajectories.values() for v in t.policy_versions.tolist()}
+        batch, stale = buffer.take_batch(version, groups_per_step, 0, 1 << 26, 0.0)
+        assert len(batch.groups) == groups_per_step and not stale
+        staleness = {version - v for part in batch.parts for t in part for v in t.policy_versions.tolist()}
         assert staleness == {0}
         # the learner steps and pushes: the actors ask, and are told to wait
         assert buffer.assign(0.0) == (None, False)
@@ -621,5 +621,5 @@ def test_async_mode_keeps_handing_out_groups_while_the_learner_steps():
     buffer = make_buffer(max_open_groups=4, max_ready_groups=8)
     complete_group(buffer)
     complete_group(buffer)
-    batch, _ = buffer.take_batch(5, 2, max_staleness=4)
-    assert len(batch) == 2 and buffer.assign(0.0)[0] is not None  # no round: the actors play on
+    batch, _ = buffer.take_batch(5, 2, 4, 1 << 26, 0.0)
+    assert len(batch.groups) == 2 and buffer.assign(0.0)[0] is not None  # no round: the actors play on
