@@ -5,7 +5,7 @@ VENV ?= .venv
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast lint bench
+.PHONY: setup run test test-long test-fast lint bench
 setup:
 	@bash scripts/setup.sh
 
@@ -13,7 +13,11 @@ run: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/empo2-run $(ARGS)
 
 test: setup lint
-	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -m "not long" $(PYTEST_ARGS)
+
+# the long runs left out of `make test` (the full kill -9 fault matrix, ~15-25 min on 2 cores)
+test-long: setup
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -m long $(PYTEST_ARGS)
 
 test-fast: setup lint
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -m "not e2e and not integration" $(PYTEST_ARGS)
