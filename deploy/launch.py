@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 from common.metrics import LaunchMetrics
 from common.model_prep import resolve_model
-from common.process import interrupt_on_sigterm, signal_group, spawn_role, wait_group
+from common.process import group_shm_files, interrupt_on_sigterm, signal_group, spawn_role, unlink_unmapped, wait_group
 from deploy.monitor import scrape, total
 from deploy.run_state import (
     STATE_FILE,
@@ -177,9 +177,13 @@ class Launcher:
             if child.spec is not None and child.spec.ends_run and rc == 0:
                 return "done"
             # what a crash leaves of the role's group (its JVM, a vLLM engine core) would hold
-            # its ports and memory: gone before the role starts again
+            # its ports and memory: gone before the role starts again, with the shared memory
+            # its engine mapped (the resource tracker that would unlink it died with the role)
+            leftover_shm = group_shm_files(child.process)
             signal_group(child.process, signal.SIGKILL)
             wait_group(child.process, now + launch.stop_grace_s)
+            for path in unlink_unmapped(leftover_shm):
+                print(f"[launch] {child.name}: removed its leftover {path}", flush=True)
             child.last_exit = rc
             self.metrics.role_up.labels(child.name).set(0)
             self.metrics.last_exit_code.labels(child.name).set(rc)

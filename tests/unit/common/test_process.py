@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
@@ -34,3 +36,41 @@ def test_sigterm_interrupts_a_supervisor_so_its_clean_up_runs():
         proc.kill()
     assert out.split() == ["interrupted", "children", "stopped"]
     assert proc.returncode == 0
+
+
+SHM_HOLDER = """
+import mmap, os, sys, time
+from multiprocessing import shared_memory
+if os.fork() == 0:  # the group's helper (a vLLM engine core): creates and maps the segment
+    shm = shared_memory.SharedMemory(create=True, size=4096, name=sys.argv[1])
+    print("mapped", flush=True)
+    time.sleep(60)
+else:
+    time.sleep(60)  # the role's main process
+"""
+
+
+def test_a_killed_roles_shared_memory_is_found_and_removed():
+    """What the supervisor does after a crash: the /dev/shm files its group mapped, unlinked once
+    no living process maps them (a SIGKILLed role's resource tracker cannot)."""
+    from common.process import group_shm_files, signal_group, unlink_unmapped, wait_group
+
+    name = f"empo2-test-{os.getpid()}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SHM_HOLDER, name], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "mapped"
+        found = group_shm_files(proc)
+        assert f"/dev/shm/{name}" in found
+        assert unlink_unmapped(found) == []  # still mapped: left alone
+        proc.kill()  # the role's main process dies; its helper still runs
+        signal_group(proc, signal.SIGKILL)
+        assert wait_group(proc, time.monotonic() + 10)
+        assert unlink_unmapped(found) == [f"/dev/shm/{name}"]
+        assert not os.path.exists(f"/dev/shm/{name}")
+    finally:
+        signal_group(proc, signal.SIGKILL)
+        proc.wait()
+        if os.path.exists(f"/dev/shm/{name}"):
+            os.unlink(f"/dev/shm/{name}")
