@@ -281,6 +281,8 @@ class EvaluatorMetrics(RoleMetrics):
     def __init__(self) -> None:
         super().__init__("evaluator")
         self.evaluations = self._counter("evaluations", "Checkpoint evaluations run, by outcome", ("outcome",))
+        for outcome in ("ok", "failed"):  # exported from the start, before the first evaluation
+            self.evaluations.labels(outcome)
         self.last_step = self._gauge("last_scored_step", "Policy version of the newest checkpoint scored")
 
 

@@ -217,6 +217,8 @@ def test_the_dashboard_matches_the_live_scrape(run):
     for title, _, exprs in PANELS:
         for expr in exprs:
             names, regexes = panel_metric_names(expr)
+            # the evaluator role runs only with eval.every_steps > 0, which this run does not set
+            names = {n for n in names if not n.startswith("empo2_evaluator_")}
             assert names <= live, f"panel {title!r} reads {names - live}, which no process exports"
             for regex in regexes:
                 assert any(re.fullmatch(regex, s) for s in live), f"panel {title!r}: nothing matches {regex}"
