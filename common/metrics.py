@@ -7,12 +7,41 @@ the policy version it last saw, so a Grafana board can line roles up by version.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Besides Prometheus, a run's metrics log <run_dir>/metrics.jsonl, one JSON record per line: the
 # learner's "step" records (learner/train.py) and the evaluations' "eval" records (evaluation/eval.py),
 # read by empo2-plot (evaluation/plot.py). Lines are appended whole (one write each).
 METRICS_LOG = "metrics.jsonl"
+
+
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> ThreadingHTTPServer:
+    """Serve `registry` on http://host:port/metrics, always in the classic text format (0.0.4).
+
+    Not prometheus_client's start_http_server: it answers Prometheus (which asks for OpenMetrics)
+    in OpenMetrics, and its OpenMetrics writer (0.26) turns the ':' of sample names into '_', so
+    vLLM's `vllm:generation_tokens_total` would be stored as `vllm_generation_tokens_total` while
+    a plain scrape (empo2-status, the tests) sees `vllm:...`. One format, one set of names."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_PLAIN_0_0_4)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:  # a scrape a second is not worth a log line
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name=f"metrics:{port}", daemon=True).start()
+    return server
 
 
 class RoleMetrics:
@@ -46,7 +75,7 @@ class RoleMetrics:
         return Histogram(f"empo2_{self.role}_{name}", doc, buckets=buckets, registry=self.registry)
 
     def serve(self, host: str, port: int) -> None:
-        start_http_server(port, addr=host, registry=self.registry)
+        serve_metrics(self.registry, host, port)
 
 
 _SECONDS = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
@@ -265,7 +294,7 @@ class LaunchMetrics:
         self._server = None
 
     def serve(self, host: str, port: int) -> None:
-        self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+        self._server = serve_metrics(self.registry, host, port)
 
     def close(self) -> None:
         """Stop serving (the launcher's process outlives one run in tests and tools)."""

@@ -89,10 +89,10 @@ class _LoggedEpisodes(ReplayBuffer):
         super().__init__(cfg.replay_buffer, {t: [0] for t in cfg.replay_buffer.tasks}, cfg.seed)
         self.added, self.actors = [], set()
 
-    def add(self, traj) -> bool:
+    def add(self, traj, nbytes: int = 0) -> bool:
         self.added.append(traj.episode_id)
         self.actors.add(traj.actor_id)
-        return super().add(traj)
+        return super().add(traj, nbytes)
 
 
 class Run:
