@@ -7,7 +7,7 @@ rules of deploy/monitoring/rules.yml.
   - an env actor killed with SIGKILL: the role-down alert fires for it, the launcher restarts it
     (empo2_launch_restarts_total in Prometheus), the targets follow the new process
   - the replay buffer killed with SIGKILL comes back (replaying its log)
-  - `empo2-run --attach` grows the env actors 2 -> 3 (the new one's episodes reach the buffer)
+  - `empo2-run --attach` grows the env actors 1 -> 3 (the new ones' episodes reach the buffer)
     and shrinks them 3 -> 1, with no restart of the learner, buffer or memory service
   - the recording rules give non-zero throughput: episodes, env steps, generated and learner tokens
   - the policy server exports vLLM's engine metrics on its port
@@ -58,14 +58,15 @@ OVERRIDES = [
     f"metrics.base_port={BASE}",
     "launch.progress_every_s=10",
     "launch.backoff_s=3",
+    "launch.num_env_actors=1",  # grown to 3 and shrunk back to 1 while it runs
     "learner.checkpoint_every=1",  # a restarted learner resumes from its last step
-    # room for the scaled-up actor: a slot for each of 3 actors at once, and a third learner step so
+    # room for the scaled-up actors: a slot for each of 3 actors at once, and a third learner step so
     # the run outlasts the scaling (the e2e profile has 1 open group and 2 steps)
     "replay_buffer.max_open_groups=3",
     "replay_buffer.max_ready_groups=2",
     "learner.total_steps=3",
 ]
-ROLES = ["policy_server0", "memory_service", "replay_buffer", "env_actor0", "env_actor1", "learner"]
+ROLES = ["policy_server0", "memory_service", "replay_buffer", "env_actor0", "learner"]
 TIMEOUT_S = 1500
 
 
@@ -143,7 +144,7 @@ def test_every_role_is_an_up_target(run):
         return all(targets.get(r, {}).get("health") == "up" for r in [*ROLES, "empo2_launch"]) and targets
 
     targets = run.wait_for("every target up", all_up, poll_s=2)
-    assert targets["env_actor1"]["labels"]["job"] == "empo2_env_actor"
+    assert targets["env_actor0"]["labels"]["job"] == "empo2_env_actor"
     assert targets["learner"]["scrapeUrl"] == f"http://127.0.0.1:{run.cfg.metrics.port('learner')}/metrics"
 
 
@@ -176,17 +177,21 @@ def test_a_killed_replay_buffer_comes_back(run):
     run.wait_for("replay_buffer up again", lambda: run.targets()["replay_buffer"]["health"] == "up", poll_s=2)
 
 
-def test_env_actors_grow_to_three_and_shrink_to_one_while_it_runs(run):
+def test_env_actors_grow_from_one_to_three_and_shrink_to_one_while_it_runs(run):
     """`empo2-run --attach RUN_DIR launch.num_env_actors=N` against the running launcher: the new
-    actor gets assignments at once (its episodes reach the buffer), the stopped ones return their
+    actors get assignments at once (their episodes reach the buffer), the stopped ones return their
     slots; the learner, buffer and memory service are not restarted by it."""
     before = {n: r["restarts"] for n, r in read_state(run.run_dir)["roles"].items()}
     attach = [sys.executable, "-m", "deploy.launch", "--attach", str(run.run_dir)]
     grow = subprocess.run([*attach, "launch.num_env_actors=3"], cwd=REPO, capture_output=True, text=True, timeout=180)
     assert grow.returncode == 0, grow.stdout + grow.stderr
-    run.wait_for("env_actor2 up in Prometheus", lambda: run.targets().get("env_actor2", {}).get("health") == "up", 2)
-    port = run.cfg.metrics.port("env_actor", 2)
-    run.wait_for("an episode of env_actor2", lambda: total(scrape("127.0.0.1", port), "empo2_env_actor_episodes_total"))
+    for j in (1, 2):
+        name = f"env_actor{j}"
+        run.wait_for(f"{name} up in Prometheus", lambda n=name: run.targets().get(n, {}).get("health") == "up", 2)
+        port = run.cfg.metrics.port("env_actor", j)
+        run.wait_for(
+            f"an episode of {name}", lambda p=port: total(scrape("127.0.0.1", p), "empo2_env_actor_episodes_total")
+        )
     shrink = subprocess.run([*attach, "launch.num_env_actors=1"], cwd=REPO, capture_output=True, text=True, timeout=180)
     assert shrink.returncode == 0, shrink.stdout + shrink.stderr
     roles = read_state(run.run_dir)["roles"]
@@ -197,7 +202,8 @@ def test_env_actors_grow_to_three_and_shrink_to_one_while_it_runs(run):
         assert roles[name]["restarts"] == before[name], name
     run.wait_for("the targets without env_actor1 and 2", lambda: not {"env_actor1", "env_actor2"} & set(run.targets()))
     log = run.out.read_text()
-    assert "scaling up: started env_actor2" in log and "env_actor2 stopped" in log and "env_actor1 stopped" in log
+    assert "scaling up: started env_actor1" in log and "scaling up: started env_actor2" in log
+    assert "env_actor2 stopped" in log and "env_actor1 stopped" in log
 
 
 def test_the_recording_rules_give_throughput(run):
