@@ -9,10 +9,10 @@ everything played so far to benchmarks/results/learning_check_base.{json,md}; `-
 does only that.
 
 `compare`: EMPO2 and GRPO trained with the same seed and the same wall budget (empo2-run with
-launch.timeout_s = --budget-min, checkpoints every --checkpoint-every steps), each scored before
-(the base model) and after (its newest checkpoint) on --tasks with empo2-eval, the table with
-95% confidence intervals (t-interval over the per-seed means), and the curves (empo2-plot) in
-benchmarks/results/learning_check_compare.{json,md} and learning_check_plots/.
+launch.timeout_s = --budget-min, checkpoints every --checkpoint-every steps), scored before (the
+base model, once: it is the same for both) and after (each one's newest checkpoint) on --tasks with
+empo2-eval; the table with 95% confidence intervals (t-interval over the per-seed means) and the
+curves (empo2-plot) in benchmarks/results/learning_check_compare.{json,md} and learning_check_plots/.
 
 Run (repository root):
   .venv/bin/python -m benchmarks.learning_check base --tasks-per-chunk 5 --variations 2 --episodes 1 --max-steps 8
@@ -118,17 +118,23 @@ def confidence_interval(seed_means: list[float]) -> tuple[float, float]:
 
 def compare(args) -> int:
     tasks = args.tasks
+    root = Path(args.run_root)
+    common = [f"seed={args.seed}", f"replay_buffer.tasks=[{','.join(tasks)}]"]
     evaluation = [
+        *common,
         f"eval.tasks=[{','.join(tasks)}]",
         f"eval.variations={args.variations}",
         f"eval.episodes={args.episodes}",
     ]
-    rows, runs = [], []
+    # "before" is the base model for both presets, and its evaluation (no memory, no training)
+    # does not depend on the preset: played once
+    _eval(root / "base", args.lock, [*evaluation, "eval.policy=base"])
+    runs = []
     for preset in ("empo2", "grpo"):
-        run_dir = Path(args.run_root) / preset
+        run_dir = root / preset
         runs.append(run_dir)
-        common = [f"preset={preset}", f"seed={args.seed}", f"replay_buffer.tasks=[{','.join(tasks)}]"]
         train = [
+            f"preset={preset}",
             *common,
             f"run_dir={run_dir}",
             "learner.total_steps=100000",  # the wall budget ends the run, not the step count
@@ -137,14 +143,22 @@ def compare(args) -> int:
         ]
         print(f"[learning_check] training {preset} for {args.budget_min} min", flush=True)
         subprocess.run(_locked(args.lock, [sys.executable, "-m", "deploy.launch", *train]), cwd=REPO)  # ends by timeout
-        for policy in ("base", "latest"):
-            _eval(run_dir, args.lock, [*common, *evaluation, f"eval.policy={policy}"])
+        _eval(run_dir, args.lock, [f"preset={preset}", *evaluation, "eval.policy=latest"])
+    rows = []
+    for label, run_dir in [("base model", root / "base"), *zip(("empo2", "grpo"), runs)]:
         for result_dir in sorted((run_dir / "eval").iterdir()):
             report = json.loads((result_dir / "results.json").read_text())
             for t in report["tasks"]:
                 mean, half = confidence_interval(t["seed_means"])
                 rows.append(
-                    {"preset": preset, "policy": report["policy"], "task": t["task"], "mean": mean, "ci95": half}
+                    {
+                        "trained_by": label,
+                        "policy": report["policy"],
+                        "task": t["task"],
+                        "mean": mean,
+                        "ci95": half,
+                        "success": t["success_rate"],
+                    }
                 )
     subprocess.run(
         [sys.executable, "-m", "evaluation.plot", *map(str, runs), "--out", str(RESULTS / "learning_check_plots")],
@@ -152,8 +166,11 @@ def compare(args) -> int:
     )
     result = {**run_header([".venv/bin/python", "-m", "benchmarks.learning_check"], sys.argv[1:]), "rows": rows}
     write_result(RESULTS / "learning_check_compare.json", result)
-    lines = ["| preset | policy | task | score (95% CI) |", "|---|---|---|---|"]
-    lines += [f"| {r['preset']} | {r['policy']} | {r['task']} | {r['mean']:.1f} ± {r['ci95']:.1f} |" for r in rows]
+    lines = ["| trained by | policy | task | score (95% CI) | success |", "|---|---|---|---|---|"]
+    lines += [
+        f"| {r['trained_by']} | {r['policy']} | {r['task']} | {r['mean']:.1f} ± {r['ci95']:.1f} | {r['success']:.0%} |"
+        for r in rows
+    ]
     (RESULTS / "learning_check_compare.md").write_text("\n".join(lines) + "\n")
     return 0
 
@@ -175,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compare", help="EMPO2 vs GRPO, same seed and wall budget, before/after")
     c.add_argument("--tasks", nargs="+", required=True)
     c.add_argument("--budget-min", type=float, default=45.0)
-    c.add_argument("--checkpoint-every", type=int, default=5)
+    c.add_argument("--checkpoint-every", type=int, default=2)
     c.add_argument("--variations", type=int, default=5)
     c.add_argument("--episodes", type=int, default=4)
     c.add_argument("--seed", type=int, default=0)
