@@ -1,9 +1,12 @@
-"""Operations, for real, on one pipeline run shared by the tests of this module (in order): the
-launcher (profile=e2e, its short episodes; 3 learner steps) supervises all roles, and a real
-Prometheus (Debian's package) scrapes them through the launcher's file-based discovery with the
-rules of deploy/monitoring/rules.yml.
+"""The whole pipeline end to end, and its operations, for real, on one run shared by the tests of
+this module (in order): the launcher (profile=e2e, its short episodes; 3 learner steps) starts and
+supervises every role as its own process (vLLM policy server, memory service, replay buffer,
+ScienceWorld env actors, learner) with the embedded model, and a real Prometheus (Debian's
+package) scrapes them through the launcher's file-based discovery with the rules of
+deploy/monitoring/rules.yml.
 
   - every role's target is up in Prometheus
+  - the policy server answers a greedy probe with the initial weights
   - an env actor killed with SIGKILL: the role-down alert fires for it, the launcher restarts it
     (empo2_launch_restarts_total in Prometheus), the targets follow the new process
   - the replay buffer killed with SIGKILL comes back (replaying its log)
@@ -11,10 +14,13 @@ rules of deploy/monitoring/rules.yml.
     and shrinks them 3 -> 1, with no restart of the learner, buffer or memory service
   - the recording rules give non-zero throughput: episodes, env steps, generated and learner tokens
   - the policy server exports vLLM's engine metrics on its port
+  - once the learner has pushed a newer version, the same greedy probe answers differently
   - every dashboard panel reads only metrics the live scrape exports, and every exported family
     is on a panel or deliberately left off (deploy/monitoring/make_dashboard.py)
-  - the run still reaches its step target, the summary counts the restarts, nothing is left running,
-    and no episode an actor delivered is missing from the buffer's log or in it twice
+  - the run still reaches its step target: the servers report the final version, the memory stored
+    reflections and returned them into prompts as tips, the checkpoint exists, the summary counts
+    the restarts, nothing is left running, and no episode an actor delivered is missing from the
+    buffer's log or in it twice
 
 The alerts' `for:` durations are set to 0s in this test's copy of the rules (the durations
 themselves are promtool-tested, tests/unit/deploy/test_rules.py); scrape and evaluation every 1s.
@@ -33,15 +39,21 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
+import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
+from common.model_prep import resolve_model
 from common.process import spawn_role, stop_group
 from deploy.monitor import scrape, total
 from deploy.monitoring.make_dashboard import PANELS, panel_metric_names, uncovered
 from deploy.prometheus import RULES, start_prometheus, wait_ready
 from deploy.run_state import kill_role, read_state, wait_for_role
 from pipeline.config import load_config
+from protocol import Client
+from protocol.messages import GenerateRequest, GenerateResponse
+from protocol.transport import wait_until_ready
 from replay_buffer.buffer import BufferLog, ReplayBuffer
 from tests.integration.conftest import REPO
 
@@ -105,6 +117,29 @@ class Run:
         self.prometheus = start_prometheus(run_dir, PROMETHEUS, "1s", [rules], run_dir / "prometheus.log")
         self.launcher = spawn_role("deploy.launch", [*OVERRIDES, f"run_dir={run_dir}"], self.out, cwd=REPO)
         self.deadline = time.monotonic() + TIMEOUT_S
+        self.first_answer: GenerateResponse | None = None  # the greedy probe with the initial weights
+
+    def probe(self) -> GenerateResponse:
+        """The policy server's greedy answer to a fixed chat prompt (a change shows new weights)."""
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.cfg.model.name))
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "What is in the kitchen?"}], tokenize=False, add_generation_prompt=True
+        )
+        prompt = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
+        client = Client(zmq.Context.instance(), self.cfg.endpoints.policy_servers[0], timeout_s=300)
+        try:
+            wait_until_ready(client, "operations-test", timeout_s=max(self.deadline - time.monotonic(), 1))
+            reply = client.call(
+                GenerateRequest(
+                    request_id=f"probe-{time.time()}", prompt_token_ids=prompt, max_tokens=12, temperature=0.0, seed=0
+                )
+            )
+        finally:
+            client.close()
+        assert isinstance(reply, GenerateResponse), reply
+        return reply
 
     def alive(self) -> bool:
         return self.launcher.poll() is None
@@ -146,6 +181,11 @@ def test_every_role_is_an_up_target(run):
     targets = run.wait_for("every target up", all_up, poll_s=2)
     assert targets["env_actor0"]["labels"]["job"] == "empo2_env_actor"
     assert targets["learner"]["scrapeUrl"] == f"http://127.0.0.1:{run.cfg.metrics.port('learner')}/metrics"
+
+
+def test_the_policy_server_answers_with_the_initial_weights(run):
+    run.first_answer = run.probe()
+    assert run.first_answer.policy_version == 0 and run.first_answer.token_ids.size > 0
 
 
 def test_a_killed_env_actor_fires_the_alert_and_comes_back(run):
@@ -241,6 +281,20 @@ def test_the_policy_server_exports_vllm_engine_metrics(run):
     assert _value("sum(max_over_time(vllm:generation_tokens_total[30m]))") > 0  # and Prometheus has them
 
 
+def test_a_weight_update_changes_the_greedy_answer(run):
+    port = run.cfg.metrics.port("policy_server", 0)
+    run.wait_for(
+        "a weight update on the policy server",
+        lambda: scrape(run.cfg.metrics.host, port).get("empo2_policy_server_policy_version", -1) > 0,
+        poll_s=2,
+    )
+    before, after = run.first_answer, run.probe()
+    assert before is not None and after.policy_version > before.policy_version
+    assert not (
+        np.array_equal(after.token_ids, before.token_ids) and np.allclose(after.logprobs, before.logprobs, atol=1e-6)
+    )
+
+
 def test_the_run_reaches_its_step_target(run):
     rc = run.launcher.wait(timeout=max(run.deadline - time.monotonic(), 1))
     output = run.out.read_text()
@@ -250,6 +304,15 @@ def test_the_run_reaches_its_step_target(run):
     assert summary["policy_version"] == run.cfg.learner.total_steps
     assert summary["restarts"]["env_actor0"] >= 1 and summary["restarts"]["replay_buffer"] >= 1
     print(json.dumps(summary, indent=1))
+    version = summary["policy_version"]
+    assert summary["learner_steps"] == version and summary["server_versions_at_end"] == [version]
+    assert summary["memory_entries"] > 0 and summary["reflections"] > 0  # the memory stored tips...
+    assert summary["memories_retrieved"] > 0 and summary["tips_shown"] > 0  # ...and returned them into prompts
+    assert (run.run_dir / "checkpoints" / f"step_{version:06d}" / "model.safetensors").exists()
+    logs = {p.stem: p.read_text(errors="replace") for p in (run.run_dir / "logs").glob("*.log")}
+    assert f"step {version}: loss=" in logs["learner"]
+    assert f"policy version {version} live" in logs["policy_server0"]
+    assert "reflection stored" in logs["memory_service"]
     state = read_state(run.run_dir)
     assert not [r for r in state["roles"].values() if r["up"]]
 
