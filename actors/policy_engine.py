@@ -149,6 +149,12 @@ class PolicyEngine:
         self.version = initial_version
         self.gate = VersionGate()
         self.abort_on_update = cfg.on_update == "abort"
+        # vLLM's CPU worker kills its engine core on a seeded request whose prefill is chunked (it
+        # rewinds the request's torch.Generator, which CPU generators cannot: "CPU Generator does not
+        # use offset", gpu_model_runner._bookkeeping_sync; seen in a 10-minute CPU run). On CPU the
+        # per-request seed is left out: sampling draws from the engine's own generator (seeded by
+        # `seed` at start), so runs stay random per request but not replayable request by request.
+        self.per_request_seed = engine is not None or resolve_device(cfg.device) != "cpu"
         self._running: set[asyncio.Task] = set()  # generations in flight (aborted by an update in abort mode)
 
     async def generate(
@@ -167,7 +173,7 @@ class PolicyEngine:
             max_tokens=max_tokens,
             temperature=temperature,
             top_p=top_p,
-            seed=seed,
+            seed=seed if self.per_request_seed else None,
             stop=stop or None,
             logprobs=0,  # 0 = the sampled token's log-prob only
         )

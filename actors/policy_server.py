@@ -17,6 +17,7 @@ import contextlib
 import inspect
 import logging
 import os
+import sys
 import time
 
 import zmq
@@ -65,6 +66,9 @@ class PolicyServer:
         # WeightFile paths are read only from these (weight_sync.method=shm: /dev/shm; =checkpoint: this run's checkpoints)
         self.weight_dirs = [os.path.realpath(d) for d in [*self.scfg.allowed_weight_dirs, cfg.run_path("checkpoints")]]
         self.tasks: set[asyncio.Task] = set()
+        # vLLM's engine core died (EngineDeadError): every later request would fail, so the server
+        # ends with an error and its supervisor (deploy/launch.py, systemd) starts a fresh one
+        self.engine_dead = False
         self.limits = None  # set in run(), before the engine: what every request is checked against
         # message type -> handler(msg, identity) (common/server.py: anything else is an unexpected kind).
         # A handler returns its reply, or None when it answers itself: weight chunks are staged in the
@@ -87,7 +91,7 @@ class PolicyServer:
         watch_handshakes(self.sock, self.metrics.handshake_failures)
         self.sock.bind(self.endpoint)
         log.info("policy server %d listening on %s", self.index, self.endpoint)
-        recv_loop = asyncio.create_task(self._recv_loop())
+        recv_loop = self._recv_task = asyncio.create_task(self._recv_loop())
         model_path = resolve_model(self.cfg.model.name, self.cfg.model.cache_dir or None)
         self.limits = door_limits(self.cfg, model_vocab_size(model_path))  # prompt token ids < the model's vocab
         from actors.policy_engine import PolicyEngine  # late: importing vLLM takes seconds
@@ -141,6 +145,14 @@ class PolicyServer:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    def _stop_if_engine_dead(self, exc: Exception) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError  # vLLM is loaded once an engine ran
+
+        if isinstance(exc, EngineDeadError) and not self.engine_dead:
+            self.engine_dead = True
+            log.error("vLLM's engine core died (traceback above): stopping so that a fresh server is started")
+            self._recv_task.cancel()
+
     async def _send(self, identity: bytes, msg) -> None:
         await self.sock.send_multipart([identity, *encode(msg)], copy=False)
         self.metrics.messages_out.labels(msg.KIND).inc()
@@ -177,6 +189,7 @@ class PolicyServer:
             self.metrics.errors.labels("generate").inc()
             log.exception("generation %s failed", req.request_id)
             await self._send(identity, ErrorReply(reason="generate_failed", detail=str(exc)[:ERROR_DETAIL_CHARS]))
+            self._stop_if_engine_dead(exc)
         finally:
             self.metrics.requests_in_flight.dec()
 
@@ -251,6 +264,7 @@ class PolicyServer:
             self.metrics.errors.labels("weight_update").inc()
             log.exception("NCCL weight transfer (%s) failed", msg.KIND)
             await self._send(identity, ErrorReply(reason="weight_update_failed", detail=str(exc)[:ERROR_DETAIL_CHARS]))
+            self._stop_if_engine_dead(exc)
             return
         await self._updated(identity, msg.version, 0, time.perf_counter() - t0, t0)
 
@@ -273,6 +287,7 @@ class PolicyServer:
             self.metrics.errors.labels("weight_update").inc()
             log.exception("applying weights v%d failed", version)
             await self._send(identity, ErrorReply(reason="weight_update_failed", detail=str(exc)[:ERROR_DETAIL_CHARS]))
+            self._stop_if_engine_dead(exc)
             return
         finally:
             if remove_after:
@@ -297,6 +312,8 @@ def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> No
     server = PolicyServer(cfg, index)
     server.metrics.serve(cfg.metrics.host, cfg.metrics.port("policy_server", index))
     run_async_until_signalled(server.run(), on_exit=lambda: server.engine and server.engine.shutdown())
+    if server.engine_dead:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
