@@ -8,7 +8,9 @@
   user       the current state (+ its tip block), then the generation prompt
 
 The episode is kept whole up to a token budget: past the budget the oldest turns go first (the
-first user turn left says how many are not shown); the system part and the current turn always stay.
+first user turn left says how many are not shown); the current turn always stays, and so does the
+system part, except for the demonstration when even the prompt without any past turn is over the
+budget (a task whose gold sequence is long: measured 2450 tokens against a 2048-token context).
 
 The prompt is tokenised here, in segments split at the end of every user turn, so the exact token
 positions of every tip block are known: the trajectory records them (tip_spans, possibly several
@@ -19,6 +21,7 @@ behaviour log-probs refer to exactly this tokenisation, with or without the tips
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,6 +73,7 @@ class BuiltPrompt:
     tip_spans: list[tuple[int, int]]  # [start, end) token positions of every tip block in the prompt
     text: str
     turns_dropped: int = 0  # oldest past turns left out to fit the token budget (or history_window)
+    demonstration_dropped: bool = False  # left out because even without past turns it did not fit
 
 
 def system_message(ctx: TaskContext) -> str:
@@ -100,8 +104,19 @@ class PromptBuilder:
         self.max_observation_chars = max_observation_chars
 
     def build(self, ctx: TaskContext, past: list[ChatTurn], state: str, tips: list[str]) -> BuiltPrompt:
-        """The prompt of the current turn: the fewest oldest past turns left out that fit the budget
-        (all past turns left out if even that does not fit: the prompt goes as it is)."""
+        """The prompt of the current turn: the fewest oldest past turns left out that fit the budget.
+        If even no past turn fits, the demonstration goes too and the turns are fitted again without
+        it; if that does not fit either, the prompt goes as it is (the server refuses it)."""
+        prompt = self._fit(ctx, past, state, tips)
+        if len(prompt.token_ids) <= self.token_budget or ctx.demonstration is None:
+            return prompt
+        prompt = self._fit(dataclasses.replace(ctx, demonstration=None), past, state, tips)
+        prompt.demonstration_dropped = True
+        return prompt
+
+    def _fit(self, ctx: TaskContext, past: list[ChatTurn], state: str, tips: list[str]) -> BuiltPrompt:
+        """The prompt with the fewest oldest past turns left out that fits the budget (all of them
+        left out if none fits)."""
         shown = past[-self.history_window :] if self.history_window > 0 else list(past)
         windowed = len(past) - len(shown)
         prompt = self._render(ctx, shown, state, tips, windowed)

@@ -124,9 +124,11 @@ def test_history_window_keeps_the_last_n_turns_and_says_so(tokenizer):
 
 def test_the_budget_drops_the_oldest_turns_first_and_never_the_system_or_current_turn(builder, tokenizer):
     whole = builder.build(CTX, PAST, STATE, TIPS)
-    for budget in range(len(whole.token_ids) - 1, 0, -7):
+    no_history = len(builder._render(CTX, [], STATE, TIPS, len(PAST)).token_ids)
+    for budget in range(len(whole.token_ids) - 1, no_history - 1, -7):
         p = PromptBuilder(tokenizer, history_window=0, token_budget=budget).build(CTX, PAST, STATE, TIPS)
         kept = PAST[p.turns_dropped :]
+        assert not p.demonstration_dropped
         assert system_message(CTX) in p.text and p.text.endswith(
             f"{STATE}{format_tip_block(TIPS)}<|im_end|>\n<|im_start|>assistant\n"
         )
@@ -144,6 +146,20 @@ def test_the_budget_drops_the_oldest_turns_first_and_never_the_system_or_current
         ]
     tiny = PromptBuilder(tokenizer, history_window=0, token_budget=1).build(CTX, PAST, STATE, TIPS)
     assert tiny.turns_dropped == len(PAST) and STATE in tiny.text  # nothing fits: the system and the current turn
+    assert tiny.demonstration_dropped and system_message(TaskContext(CTX.task, None, CTX.action_templates)) in tiny.text
+
+
+def test_a_demonstration_that_leaves_no_room_goes_and_the_turns_are_fitted_without_it(builder, tokenizer):
+    """A long gold sequence (a task's demonstration was 2450 tokens against a 2048-token context):
+    past the budget even without past turns, the demonstration is left out and as many turns as fit
+    without it are kept."""
+    no_demo = TaskContext(CTX.task, None, CTX.action_templates)
+    long_demo = TaskContext(CTX.task, Demonstration(3, CTX.task, ["look around"] * 400), CTX.action_templates)
+    budget = len(builder.build(no_demo, PAST, STATE, TIPS).token_ids)  # the whole episode fits without it
+    assert len(builder._render(long_demo, [], STATE, TIPS, len(PAST)).token_ids) > budget
+    p = PromptBuilder(tokenizer, history_window=0, token_budget=budget).build(long_demo, PAST, STATE, TIPS)
+    assert p.demonstration_dropped and p.turns_dropped == 0 and len(p.token_ids) <= budget
+    assert p.text == builder.build(no_demo, PAST, STATE, TIPS).text
 
 
 def test_observation_truncated_to_max_chars(tokenizer):
