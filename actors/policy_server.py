@@ -44,7 +44,7 @@ from protocol.messages import (
     WeightFile,
     WeightUpdateAck,
 )
-from protocol.security import secure_server, watch_handshakes
+from protocol.security import secure_server, sender_role, watch_handshakes
 from protocol.weight_file import file_checksum, shared_lock
 
 log = logging.getLogger("policy_server")
@@ -125,7 +125,9 @@ class PolicyServer:
             if self.engine is None and not isinstance(msg, Ping):
                 await self._send(identity, ErrorReply(reason="not_ready", detail="engine still starting"))
                 continue
-            reply = dispatch(self.handlers, msg, self.metrics, identity, limits=self.limits)
+            reply = dispatch(
+                self.handlers, msg, self.metrics, identity, limits=self.limits, sender=sender_role(body[0])
+            )
             if inspect.isawaitable(reply):
                 reply = await reply
             if reply is not None:

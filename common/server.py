@@ -18,7 +18,7 @@ from common.metrics import RoleMetrics
 from protocol import Message, ProtocolError, bind_router, recv_request, send_reply
 from protocol.codec import MAX_DETAIL_CHARS
 from protocol.messages import DoorLimits, ErrorReply
-from protocol.security import watch_handshakes
+from protocol.security import check_sender, watch_handshakes
 
 log = logging.getLogger(__name__)
 
@@ -72,19 +72,27 @@ def unexpected_kind(msg: Message, metrics: RoleMetrics) -> ErrorReply:
 
 
 def dispatch(
-    handlers: HandlerTable, msg: Message, metrics: RoleMetrics, *context: Any, limits: DoorLimits | None = None
+    handlers: HandlerTable,
+    msg: Message,
+    metrics: RoleMetrics,
+    *context: Any,
+    limits: DoorLimits | None = None,
+    sender: str | None = None,
 ) -> Any:
     """`handlers[type(msg)](msg, *context)`: what the handler returns (a reply, or for the asyncio
     policy server possibly a coroutine), or the unexpected_kind ErrorReply when the table has no
     entry for the message's type.
 
-    The door: the message is first checked against the server's `limits` (Message.check), and a
-    ProtocolError raised by the check or by a synchronous handler (a server-side refusal: no lease,
-    not the learner, ...) is answered with ErrorReply(reason) and counted, never stored."""
+    The door: under CURVE the `sender`'s role must be one that may send the message
+    (protocol/security.py, SENDERS), then the message is checked against the server's `limits`
+    (Message.check); a ProtocolError raised by the checks or by a synchronous handler (a
+    server-side refusal: no lease, not the learner, ...) is answered with ErrorReply(reason) and
+    counted, never stored."""
     handler = handlers.get(type(msg))
     if handler is None:
         return unexpected_kind(msg, metrics)
     try:
+        check_sender(msg, sender)
         if limits is not None:
             msg.check(limits)
         return handler(msg, *context)
@@ -133,7 +141,7 @@ def serve_requests(
             rejections.note(exc)
             continue
         metrics.messages_in.labels(request.message.KIND).inc()
-        reply = dispatch(handlers, request.message, metrics, limits=limits)
+        reply = dispatch(handlers, request.message, metrics, limits=limits, sender=request.sender)
         if isinstance(reply, AfterCommit):
             if not held:
                 due = time.monotonic() + commit_interval_s

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,10 @@ COMMANDS = {
     "empo2-eval": Command("evaluation.eval", ("eval", "env", "startup_timeout_s", *_SHARED)),
 }
 _HELP_FLAGS = ("-h", "--help")
+# With security.learner_token empty, empo2-run makes a random one per run and hands it to the replay
+# buffer and the learner it starts in this variable (not on the command line, which `ps` shows
+# every local user), so only its learner takes batches even without CURVE (deploy/launch.py).
+LEARNER_TOKEN_ENV = "EMPO2_LEARNER_TOKEN"
 # security.curve: the client key (protocol/security.py, CLIENT_NAMES) each command's sockets use;
 # a command not listed only serves (policy server, replay buffer) or opens no socket (launcher).
 CURVE_CLIENTS = {
@@ -47,6 +52,7 @@ CURVE_CLIENTS = {
     "empo2-env-actor": "env_actor",
     "empo2-memory-service": "memory_service",
     "empo2-memory-tta": "evaluation",
+    "empo2-eval": "evaluation",  # and the periodic evaluator (evaluation/periodic.py), which runs as it
 }
 
 
@@ -63,6 +69,8 @@ def role_config(command: str, argv: list[str] | None = None) -> PipelineConfig:
     except ConfigError as exc:
         print(f"{command}: bad configuration: {exc}", file=sys.stderr)
         sys.exit(2)
+    if not cfg.security.learner_token:  # the one empo2-run made for this run, if it started us
+        cfg.security.learner_token = os.environ.get(LEARNER_TOKEN_ENV, "")
     use_security(command, cfg)
     return cfg
 

@@ -13,6 +13,12 @@ without CURVE; nothing it sends reaches the application. A client socket uses it
 and verifies the server's public key. Refused handshakes are counted per server socket
 (watch_handshakes: empo2_<role>_handshake_failures_total{reason}).
 
+Roles: an accepted client is named by its key's file name in DIR/authorized (ZAP's User-Id, which
+libzmq attaches to every message of the connection: sender_role), and SENDERS says which roles
+may send which message: only the learner's key takes batches or pushes weights, only an env
+actor's uploads trajectories. A message from another role is refused as `wrong_role` at the door
+(common/server.py, dispatch), so a stolen env-actor key cannot train the policy.
+
 The setting is process-wide, made once at start-up from the configuration (pipeline/cli.py,
 role_config): every socket of protocol.transport (and the policy server's) then follows it.
 To add a host, copy server.key and the client role's key pair to it; to refuse a client, delete
@@ -33,7 +39,10 @@ from typing import Any
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
+
+from protocol.codec import Message, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +50,25 @@ SERVER_NAME = "server"
 # The client roles: each has a key pair of its own (the key names the role in the servers' logs).
 CLIENT_NAMES = ("learner", "env_actor", "memory_service", "evaluation")
 ZAP_DOMAIN = "empo2"
+
+# Under CURVE, the client roles that may send each message kind (by KIND); a kind not listed (Ping)
+# may come from any accepted client. env_actor covers the episode logic wherever it runs: the env
+# actors, and the evaluation commands (empo2-eval, empo2-memory-tta) that play with it.
+_ACTORS = frozenset({"env_actor", "evaluation"})
+SENDERS: dict[str, frozenset[str]] = {
+    "generate_request": _ACTORS | {"memory_service"},  # memory_service: the policy writes reflections
+    "weight_chunk": frozenset({"learner"}),
+    "weight_file": frozenset({"learner"}),
+    "nccl_transfer_init": frozenset({"learner"}),
+    "nccl_transfer_update": frozenset({"learner"}),
+    "assignment_request": frozenset({"env_actor"}),
+    "assignment_return": frozenset({"env_actor"}),
+    "trajectory": frozenset({"env_actor"}),
+    "batch_request": frozenset({"learner"}),
+    "batch_confirm": frozenset({"learner"}),
+    "memory_query": _ACTORS,
+    "episode_report": _ACTORS,
+}
 
 
 @dataclass(frozen=True)
@@ -116,12 +144,40 @@ def secure_client(sock: zmq.Socket) -> None:
     sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
 
 
+class _RoleAuthenticator(ThreadAuthenticator):
+    """The ZAP handler: accepts the keys in authorized/ and names each accepted client by its key's
+    file name there (its role), the User-Id libzmq then attaches to every message it sends."""
+
+    def __init__(self, context: zmq.Context, authorized_dir: Path):
+        super().__init__(context)
+        self.roles = {zmq.auth.load_certificate(str(p))[0]: p.stem for p in sorted(authorized_dir.glob("*.key"))}
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return self.roles.get(z85.encode(client_public_key), "unknown")
+
+
+def sender_role(frame: zmq.Frame) -> str | None:
+    """The role of the client that sent `frame` (a frame received with copy=False on a server
+    socket): its key's name in authorized/ under CURVE; None without CURVE (anyone may connect)."""
+    if _curve is None:
+        return None
+    return frame.get("User-Id")
+
+
+def check_sender(msg: Message, role: str | None) -> None:
+    """Refuse (ProtocolError wrong_role) a message its sender's role may not send (SENDERS);
+    nothing to check without CURVE (role None)."""
+    allowed = SENDERS.get(msg.KIND)
+    if role is not None and allowed is not None and role not in allowed:
+        raise ProtocolError("wrong_role", f"{msg.KIND} is not accepted from the {role} key")
+
+
 def _start_authenticator(ctx: zmq.Context) -> None:
     """One ZAP handler per libzmq context (the asyncio policy server shadows the process's context)."""
     with _lock:
         if ctx.underlying in _authenticators:
             return
-        auth = ThreadAuthenticator(zmq.Context.shadow(ctx.underlying))
+        auth = _RoleAuthenticator(zmq.Context.shadow(ctx.underlying), _curve.authorized_dir)
         auth.start()
         auth.configure_curve(domain=ZAP_DOMAIN, location=str(_curve.authorized_dir))
         _authenticators[ctx.underlying] = auth

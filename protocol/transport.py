@@ -19,7 +19,7 @@ import zmq
 
 from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES, Message, ProtocolError, decode, encode
 from protocol.messages import ErrorReply, Ping, Pong
-from protocol.security import secure_client, secure_server
+from protocol.security import secure_client, secure_server, sender_role
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +59,12 @@ def bind_router(
 
 @dataclass
 class Request:
-    """A decoded request with the routing identity needed to answer it."""
+    """A decoded request with the routing identity needed to answer it, and under CURVE the role
+    of the key it came with (protocol/security.py, sender_role; None without CURVE)."""
 
     identity: bytes
     message: Message
+    sender: str | None = None
 
 
 def recv_request(sock: zmq.Socket, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Request:
@@ -71,7 +73,7 @@ def recv_request(sock: zmq.Socket, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -
     frames = sock.recv_multipart(copy=False)
     identity = frames[0].bytes
     try:
-        return Request(identity, decode(frames[1:], max_bytes))
+        return Request(identity, decode(frames[1:], max_bytes), sender_role(frames[1]) if len(frames) > 1 else None)
     except ProtocolError as exc:
         send_reply(sock, identity, ErrorReply(reason=exc.reason, detail=str(exc)[:500]))
         raise

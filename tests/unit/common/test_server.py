@@ -13,7 +13,7 @@ import zmq
 from common.metrics import RoleMetrics
 from common.server import dispatch, serve_requests
 from protocol import Client, RemoteError
-from protocol.messages import Ack, ErrorReply, MemoryQuery, Ping, Pong
+from protocol.messages import Ack, BatchRequest, ErrorReply, MemoryQuery, Ping, Pong
 
 REJECTED = "empo2_test_server_messages_rejected_total"
 
@@ -37,6 +37,20 @@ def test_a_type_not_in_the_table_is_answered_unexpected_kind_and_counted():
     reply = dispatch({Ping: lambda msg: Ack(ref="")}, MemoryQuery(task="t", variation=0, state="s"), metrics)
     assert reply == ErrorReply(reason="unexpected_kind", detail="memory_query is not served here")
     assert rejected(metrics, "unexpected_kind") == 1
+
+
+def test_under_curve_a_message_from_a_role_that_may_not_send_it_is_refused_wrong_role():
+    """The sender's role comes from its CURVE key (protocol/security.py); only the learner's key takes
+    batches, and without CURVE (sender None) the role is not checked."""
+    metrics = RoleMetrics("test_server")
+    handlers = {BatchRequest: lambda msg: Ack(ref="batch"), Ping: lambda msg: Ack(ref="ping")}
+    request = BatchRequest(learner_version=0, num_groups=1, max_staleness=1)
+    assert dispatch(handlers, request, metrics, sender="learner") == Ack(ref="batch")
+    assert dispatch(handlers, request, metrics, sender=None) == Ack(ref="batch")
+    reply = dispatch(handlers, request, metrics, sender="env_actor")
+    assert isinstance(reply, ErrorReply) and reply.reason == "wrong_role" and "env_actor" in reply.detail
+    assert dispatch(handlers, Ping(sender="x"), metrics, sender="env_actor") == Ack(ref="ping")  # anyone may ping
+    assert rejected(metrics, "wrong_role") == 1
 
 
 def test_serve_requests_answers_through_the_table():

@@ -41,8 +41,8 @@ def server(keys_dir):
     def serve():
         while not stop.is_set():
             if sock.poll(50):
-                request = recv_request(sock)
-                send_reply(sock, request.identity, Pong(role="test", policy_version=0, ready=True))
+                request = recv_request(sock)  # the answer names the sender's role, as the server saw it
+                send_reply(sock, request.identity, Pong(role=str(request.sender), policy_version=0, ready=True))
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -94,13 +94,16 @@ def test_the_key_command_writes_server_client_and_authorized_keys(keys_dir):
     assert generate_keys(keys_dir) == []  # a second run keeps the keys
 
 
-def test_with_keys_every_request_is_answered(server):
+def test_with_keys_every_request_is_answered_and_the_server_knows_the_senders_role(server, keys_dir):
     endpoint, metrics = server
-    client = Client(zmq.Context.instance(), endpoint, timeout_s=5.0)
-    try:
-        assert isinstance(client.call(Ping(sender="actor")), Pong)
-    finally:
-        client.close()
+    for role in ("env_actor", "learner"):
+        use_curve(Curve(keys_dir, role))  # this process's client key (the server keeps the server pair)
+        client = Client(zmq.Context.instance(), endpoint, timeout_s=5.0)
+        try:
+            pong = client.call(Ping(sender="actor"))
+        finally:
+            client.close()
+        assert isinstance(pong, Pong) and pong.role == role  # the key's name in authorized/, from ZAP
     assert failures(metrics) == 0
 
 
