@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -48,12 +49,16 @@ from deploy.run_state import (
     scrape_targets,
     write_json,
 )
-from pipeline.cli import role_config
+from pipeline.cli import LEARNER_TOKEN_ENV, role_config
 from pipeline.config import ConfigError, PipelineConfig, load_config
 
 # How long `--attach` waits for the launcher to apply a scale request (a scaled-down actor may take
 # launch.stop_grace_s to stop).
 ATTACH_TIMEOUT_S = 120.0
+
+
+# the roles that get the run's learner token (LEARNER_TOKEN_ENV): the one that checks it, the one that sends it
+TOKEN_HOLDERS = ("replay_buffer", "learner")
 
 
 class RoleSpec(NamedTuple):
@@ -119,6 +124,8 @@ class Launcher:
         publish: bool = False,
     ):
         self.cfg, self.overrides, self.publish = cfg, overrides, publish
+        # a run's own learner token when the config sets none: only its learner takes batches
+        self.learner_token = "" if cfg.security.learner_token or not publish else secrets.token_urlsafe(24)
         self.roles = role_commands(cfg) if roles is None else roles  # a subset for other tools (TTA)
         self.children: list[Child] = []
         self.log_dir = Path(cfg.run_dir) / "logs"
@@ -138,7 +145,8 @@ class Launcher:
 
     def _spawn(self, spec: RoleSpec) -> subprocess.Popen:
         module, *role_args = spec.argv
-        return spawn_role(module, [*self.overrides, *role_args], self.log_dir / f"{spec.name}.log")
+        token = {LEARNER_TOKEN_ENV: self.learner_token} if self.learner_token and spec.kind in TOKEN_HOLDERS else {}
+        return spawn_role(module, [*self.overrides, *role_args], self.log_dir / f"{spec.name}.log", env_extra=token)
 
     def check_alive(self) -> None:
         """RuntimeError naming the first started process that has exited, with its log's last

@@ -170,7 +170,9 @@ class SecurityConfig:
     # clients verify the server's key. `empo2-keys DIR` writes the keys (protocol/security.py).
     curve: bool = False
     keys_dir: str = "keys"  # curve: the directory `empo2-keys` wrote (relative to the working directory)
-    # Set: the replay buffer serves batches only to a BatchRequest carrying this token (the learner's).
+    # The replay buffer serves batches only to a BatchRequest carrying this token (the learner's).
+    # Empty: empo2-run makes a random one per run for the buffer and learner it starts (pipeline/cli.py,
+    # LEARNER_TOKEN_ENV); roles started otherwise (systemd, by hand) then check none unless it is set.
     learner_token: str = ""
     max_observation_len: int = 16384  # one observation of a Trajectory or EpisodeReport
     max_action_len: int = 1024  # one action

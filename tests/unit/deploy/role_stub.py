@@ -7,6 +7,7 @@
                   after a restart)
   serve:PORT      serve an env actor's metrics (common.metrics.EnvActorMetrics) on PORT, counting
                   env steps, until signalled
+  token:PATH      write the learner token the launcher handed it (EMPO2_LEARNER_TOKEN) to PATH, sleep
 Only the last argument counts: the launcher puts its config overrides first."""
 
 import sys
@@ -29,6 +30,10 @@ if kind == "serve":
     while True:
         metrics.env_steps.inc()
         time.sleep(0.1)
+if kind == "token":
+    import os
+
+    Path(rest[0]).write_text(os.environ.get("EMPO2_LEARNER_TOKEN", ""))
 if kind == "done-after":
     if Path(rest[0]).exists():
         sys.exit(0)

@@ -163,3 +163,34 @@ def test_attach_grows_and_shrinks_the_env_actors_of_a_running_launcher(tmp_path,
     assert "scaling up: started env_actor2" in out and "env_actor2 stopped (exit status -15): scaled down" in out
     assert deploy.launch.main(["--attach", str(tmp_path), "launch.num_env_actors=0"]) == 2  # refused at load
     assert deploy.launch.main(["--attach", str(tmp_path / "nothing"), "launch.num_env_actors=2"]) == 2
+
+
+@pytest.mark.parametrize("configured", ["", "s3cret"])
+def test_a_run_without_a_configured_learner_token_gives_its_buffer_and_learner_one_of_their_own(
+    tmp_path, started, configured
+):
+    """Only the buffer and the learner get the run's random token, in their environment (pipeline/cli.py
+    reads it into security.learner_token); a configured token is the config's, handed to nobody."""
+    names = ("replay_buffer", "learner", "env_actor")
+    roles = [RoleSpec(n, [STUB, f"token:{tmp_path / n}"], n, 0) for n in names]
+    launcher = _launcher(tmp_path, roles, f"security.learner_token={configured}")
+    started(launcher)
+    launcher.start()
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / n).exists() for n in names) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    tokens = {n: (tmp_path / n).read_text() for n in names}
+    if configured:
+        assert tokens == {n: "" for n in names}
+    else:
+        assert len(tokens["learner"]) >= 32 and tokens["replay_buffer"] == tokens["learner"]
+        assert tokens["env_actor"] == ""
+
+
+def test_a_role_takes_the_handed_token_only_when_the_config_sets_none(monkeypatch, tmp_path):
+    from pipeline.cli import LEARNER_TOKEN_ENV, role_config
+
+    monkeypatch.setenv(LEARNER_TOKEN_ENV, "from-the-launcher")
+    assert role_config("empo2-learner", [f"run_dir={tmp_path}"]).security.learner_token == "from-the-launcher"
+    configured = role_config("empo2-learner", [f"run_dir={tmp_path}", "security.learner_token=mine"])
+    assert configured.security.learner_token == "mine"
