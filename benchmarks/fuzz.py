@@ -9,11 +9,14 @@ Each socket gets --inputs inputs (default 10,000), drawn with a fixed seed from 
             missing protocol version, missing or extra frames and fields, wrong field types
   foreign   a valid message of a kind the socket does not serve
   valid     (not counted as input) after every --check-every inputs: a Ping and a real request
-            of the socket (AssignmentRequest, MemoryQuery) must be answered correctly
+            of the socket (AssignmentRequest, MemoryQuery, a greedy GenerateRequest) must be
+            answered correctly
 
-Servers: `python -m replay_buffer.service` (ScienceWorld for its variation lists) and
+Servers: `python -m replay_buffer.service` (ScienceWorld for its variation lists),
 `python -m memory_service.service` (MiniLM; no policy server: queued reports wait for their
-reflection), started with spawn_role in a temporary run directory and always stopped.
+reflection) and `python -m actors.policy_server` (a vLLM engine on the embedded model; the
+inputs include weight chunks and weight files, which must be refused without touching the
+weights), each started with spawn_role in a temporary run directory and always stopped.
 
 Run: `flock /tmp/empo2-heavy.lock .venv/bin/python -m benchmarks.fuzz [--inputs 10000] [--sockets replay_buffer memory_service]`
 """
@@ -29,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import msgpack
@@ -45,18 +49,24 @@ from protocol.messages import (
     BatchRequest,
     EpisodeReport,
     ErrorReply,
+    GenerateRequest,
+    GenerateResponse,
     MemoryQuery,
     MemoryResult,
     Ping,
     Pong,
+    TensorMeta,
     Trajectory,
+    WeightChunk,
     WeightFile,
 )
+from protocol.security import secure_client
 from protocol.transport import wait_until_ready
 
-SOCKETS = {  # module, endpoint override, what a valid request of it is
-    "replay_buffer": ("replay_buffer.service", "endpoints.replay_buffer"),
-    "memory_service": ("memory_service.service", "endpoints.memory_service"),
+SOCKETS = {  # module, the override that sets its endpoint
+    "replay_buffer": ("replay_buffer.service", "endpoints.replay_buffer={}"),
+    "memory_service": ("memory_service.service", "endpoints.memory_service={}"),
+    "policy_server": ("actors.policy_server", "endpoints.policy_servers=[{}]"),
 }
 REPLY_TIMEOUT_S = 15.0  # per input: a server that does not answer within this is reported as such
 HUGE = 8 << 20  # the largest string a mutation sends
@@ -97,6 +107,7 @@ def valid_messages(rng: random.Random) -> dict[str, list]:
         observations=["a kitchen"] * turns,
         actions=["look around"] * turns,
     )
+    weights = np.zeros(rng.choice([4, 64]), np.float32)
     return {
         "replay_buffer": [
             trajectory,
@@ -105,7 +116,31 @@ def valid_messages(rng: random.Random) -> dict[str, list]:
             Ping(sender="fuzz"),
         ],
         "memory_service": [report, MemoryQuery(task="find-living-thing", variation=0, state="a kitchen"), Ping("f")],
+        "policy_server": [
+            generate_request(rng),
+            WeightChunk(
+                version=rng.randint(1, 3),
+                chunk_index=0,
+                num_chunks=1,
+                checksum="0" * 32,
+                tensors=[TensorMeta("model.norm.weight", "float32", [weights.size])],
+                data=[weights.view(np.uint8)],
+            ),
+            WeightFile(version=1, path="/dev/shm/empo2-fuzz.safetensors", checksum="0" * 32),
+            Ping(sender="fuzz"),
+        ],
     }
+
+
+def generate_request(rng: random.Random) -> GenerateRequest:
+    """A short greedy generation: a few token ids, a few tokens out."""
+    return GenerateRequest(
+        request_id=f"fuzz-{rng.getrandbits(64):x}",
+        prompt_token_ids=np.asarray([rng.randrange(1, 1000) for _ in range(rng.randint(1, 16))], np.int32),
+        max_tokens=4,
+        temperature=0.0,
+        seed=0,
+    )
 
 
 # ------------------------------------------------------------------------------------ mutations
@@ -210,9 +245,8 @@ def hostile_input(rng: random.Random, socket: str, seeds: dict[str, list]) -> tu
         return family, frames + [rng.randbytes(rng.randrange(64)) for _ in range(rng.randrange(3))]
     if family == "mutated":
         return family, mutate_message(rng, rng.choice(seeds[socket]))
-    foreign = WeightFile(version=1, path="/dev/shm/x.safetensors", checksum="0" * 32)
     other = [m for s, msgs in seeds.items() if s != socket for m in msgs if not isinstance(m, Ping)]
-    return family, [bytes(memoryview(f).cast("B")) for f in encode(rng.choice([foreign, *other]))]
+    return family, [bytes(memoryview(f).cast("B")) for f in encode(rng.choice(other))]
 
 
 # ------------------------------------------------------------------------------------ the run
@@ -232,6 +266,9 @@ def valid_request_works(client: Client, socket: str) -> bool:
         if socket == "replay_buffer":
             reply = client.call(AssignmentRequest(actor_id="fuzz-check"))
             return reply.KIND in ("assignment", "wait")
+        if socket == "policy_server":  # served, by the weights it started with (no fuzzed update took)
+            reply = client.call(generate_request(random.Random(0)))
+            return isinstance(reply, GenerateResponse) and reply.policy_version == 0 and reply.token_ids.size > 0
         result = client.call(MemoryQuery(task="find-living-thing", variation=0, state="a kitchen with a fridge"))
         return isinstance(result, MemoryResult)
     except Exception:
@@ -240,16 +277,32 @@ def valid_request_works(client: Client, socket: str) -> bool:
 
 
 def fuzz_socket(socket: str, inputs: int, check_every: int, seed: int, port: int, metrics_base: int, work: Path):
-    module, endpoint_key = SOCKETS[socket]
+    """Start the `socket`'s server in `work`, fuzz it (fuzz_endpoint), stop it; the figures."""
+    module, endpoint_override = SOCKETS[socket]
     endpoint = f"tcp://127.0.0.1:{port}"
     overrides = [
         f"run_dir={work / socket}",
-        f"{endpoint_key}={endpoint}",
+        endpoint_override.format(endpoint),
         f"metrics.base_port={metrics_base}",
-        "endpoints.policy_servers=[tcp://127.0.0.1:1]",  # the memory service's reflections: none (nothing listens)
+        # the memory service's reflections: none (nothing listens)
+        *([] if socket == "policy_server" else ["endpoints.policy_servers=[tcp://127.0.0.1:1]"]),
     ]
     log_path = work / f"{socket}.log"
     proc = spawn_role(module, overrides, log_path, cwd=REPO)
+    try:
+        result = fuzz_endpoint(endpoint, socket, inputs, check_every, seed, proc.pid, lambda: proc.poll() is None)
+        exit_code = proc.poll()
+    finally:
+        stop_group(proc, grace_s=20)
+    return {**result, "exit_code": exit_code, "log_bytes": log_path.stat().st_size}
+
+
+def fuzz_endpoint(
+    endpoint: str, socket: str, inputs: int, check_every: int, seed: int, pid: int, alive: Callable[[], bool]
+) -> dict:
+    """`inputs` hostile inputs to the running `socket` server at `endpoint` (process `pid`, up while
+    `alive()`), a valid request after every `check_every`; the sockets follow the process's CURVE
+    setting (protocol/security.py), so a live run under CURVE is fuzzed past its handshake."""
     ctx = zmq.Context()
     checker = Client(ctx, endpoint, timeout_s=REPLY_TIMEOUT_S)
     rng = random.Random(seed)
@@ -257,7 +310,7 @@ def fuzz_socket(socket: str, inputs: int, check_every: int, seed: int, port: int
     latencies = []
     try:
         wait_until_ready(checker, "fuzz", timeout_s=600)
-        rss = [rss_mb(proc.pid)]
+        rss = [rss_mb(pid)]
         t0 = time.monotonic()
         sock = None
         for i in range(inputs):
@@ -267,6 +320,7 @@ def fuzz_socket(socket: str, inputs: int, check_every: int, seed: int, port: int
             if sock is None:
                 sock = ctx.socket(zmq.DEALER)
                 sock.setsockopt(zmq.LINGER, 0)
+                secure_client(sock)
                 sock.connect(endpoint)
             start = time.monotonic()
             sock.send_multipart(frames)
@@ -281,35 +335,31 @@ def fuzz_socket(socket: str, inputs: int, check_every: int, seed: int, port: int
                 replies["no_reply"] += 1
                 sock.close(linger=0)
                 sock = None
-            if proc.poll() is not None:
+            if not alive():
                 break
             if (i + 1) % check_every == 0:
                 checks["ok" if valid_request_works(checker, socket) else "failed"] += 1
-                rss.append(rss_mb(proc.pid))
+                rss.append(rss_mb(pid))
         seconds = time.monotonic() - t0
-        crashed = proc.poll() is not None
+        crashed = not alive()
         if not crashed:
             checks["ok" if valid_request_works(checker, socket) else "failed"] += 1
-            rss.append(rss_mb(proc.pid))
+            rss.append(rss_mb(pid))
         if sock is not None:
             sock.close(linger=0)
     finally:
         checker.close()
         ctx.term()
-        exit_code = proc.poll()
-        stop_group(proc, grace_s=20)
     return {
         "inputs_sent": sum(families.values()),
         "families": dict(families),
         "replies": dict(sorted(replies.items())),
         "crashed": crashed,
-        "exit_code": exit_code,
         "valid_checks": dict(checks),
         "seconds": round(seconds, 1),
         "reply_latency_p50_ms": round(1000 * float(np.percentile(latencies, 50)), 2) if latencies else None,
         "reply_latency_max_ms": round(1000 * max(latencies), 1) if latencies else None,
         "rss_mb": {"start": round(rss[0], 1), "max": round(max(rss), 1), "end": round(rss[-1], 1)},
-        "log_bytes": log_path.stat().st_size,
     }
 
 
