@@ -22,7 +22,8 @@ interval. Sync mode must show none (GRPO: no reflection runs on the policy serve
 shows how much generation overlaps the learner, the point of being asynchronous.
 
 Run (repository root; starts vLLM, ScienceWorld and the learner: hold the machine's heavy-run lock):
-  flock /tmp/empo2-heavy.lock .venv/bin/python -m benchmarks.async_vs_sync --budget-s 300
+  flock /tmp/empo2-heavy.lock .venv/bin/python -m benchmarks.async_vs_sync --budget-s 1500
+  flock /tmp/empo2-heavy.lock .venv/bin/python -m benchmarks.async_vs_sync --budget-s 1200 --cores partitioned
 """
 
 from __future__ import annotations
@@ -61,6 +62,15 @@ CONFIG = [
     "endpoints.memory_service=tcp://127.0.0.1:44570",
     "metrics.base_port=45000",
 ]
+# --cores: how the two cores are shared. colocated: every stage uses both (the profile's threads:
+# torch's default, one vLLM OpenMP thread per core), so in async mode the learner and vLLM contend;
+# partitioned: one core each (the learner one torch thread, vLLM one OpenMP thread pinned to core
+# 0), the CPU image of the anchors' separate trainer and inference GPUs, where a stage that waits
+# leaves its device idle in either mode
+CORES = {
+    "colocated": [],
+    "partitioned": ["learner.torch_threads=1", "policy_server.cpu_omp_threads_bind=0"],
+}
 
 
 def step_records(run_dir: Path) -> list[dict]:
@@ -150,13 +160,16 @@ def run_mode(config: list[str], mode: str, run_dir: Path, server_metrics: tuple[
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="async_vs_sync", description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget-s", type=float, default=300.0, help="wall budget per mode (start-up included)")
+    parser.add_argument("--cores", choices=list(CORES), default="colocated", help="how the stages share the cores")
     parser.add_argument("--run-root", default="runs/async_vs_sync")
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "async_vs_sync.json"))
+    parser.add_argument("--out", default=None, help="default benchmarks/results/async_vs_sync[_partitioned].json")
     parser.add_argument("overrides", nargs="*", help="more key=value overrides, for both modes")
     args = parser.parse_args(argv)
     from pipeline.config import load_config
 
-    config = [*CONFIG, *args.overrides, f"launch.timeout_s={args.budget_s}"]
+    suffix = "" if args.cores == "colocated" else f"_{args.cores}"
+    out = args.out or REPO / "benchmarks" / "results" / f"async_vs_sync{suffix}.json"
+    config = [*CONFIG, *CORES[args.cores], *args.overrides, f"launch.timeout_s={args.budget_s}"]
     cfg = load_config(config)
     envs = cfg.launch.num_env_actors * cfg.env_actor.envs_per_actor
     result = {**run_header([".venv/bin/python", "-m", "benchmarks.async_vs_sync"], sys.argv[1:]), "config": config}
@@ -170,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[async_vs_sync] {mode}: {json.dumps(result[mode])}", flush=True)
     a, s = result["async"].get("learner_steps_per_hour"), result["sync"].get("learner_steps_per_hour")
     result["async_over_sync_learner_steps_per_hour"] = a / s if a and s else None
-    write_result(args.out, result)
+    write_result(out, result)
     return 0
 
 
