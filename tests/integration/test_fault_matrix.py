@@ -1,6 +1,14 @@
 """The fault matrix: while one supervised pipeline trains (profile=e2e, the CPU profile's roles with
-short episodes), each role is killed with SIGKILL in turn — an env actor, the memory service, the
-policy server, the replay buffer, the learner — and the launcher brings it back. Then:
+short episodes, here with two policy servers), first two roles hang (SIGSTOP, then SIGCONT):
+
+  - the memory service: the env actors' retrievals time out and their turns go on without tips
+    (counted as memory fallbacks), episodes keep coming
+  - a policy server: the env actors time out on it and fail over to the other one, the learner's
+    weight push to it stalls and is sent again (its log says so); once it runs again it catches up
+    with the learner's version
+
+then each role is killed with SIGKILL in turn — an env actor, the memory service, the policy
+server, the replay buffer, the learner — and the launcher brings it back. Then:
 
   - training reaches its step target; the killed learner resumed from its newest checkpoint
   - every episode an actor saw acknowledged is in the buffer's log exactly once, and no group is
@@ -41,7 +49,11 @@ BASE = 37100  # metrics.base_port: servers 37100, buffer 37200, memory 37201, la
 TOTAL_STEPS = 4  # the learner is killed after step 2 and resumes: two steps after its restart
 OVERRIDES = [
     "profile=e2e",
-    "endpoints.policy_servers=[tcp://127.0.0.1:36550]",
+    "endpoints.policy_servers=[tcp://127.0.0.1:36550,tcp://127.0.0.1:36551]",
+    # a hung role is found by these timeouts (the defaults, minutes, suit a slow CPU start-up)
+    "env_actor.generate_timeout_s=60",
+    "learner.push_timeout_s=45",
+    "learner.push_attempts=8",
     "endpoints.replay_buffer=tcp://127.0.0.1:36560",
     "endpoints.memory_service=tcp://127.0.0.1:36570",
     f"metrics.base_port={BASE}",
@@ -90,8 +102,15 @@ class Run:
             assert time.monotonic() < self.deadline, f"timed out waiting for {what}:\n" + self.out.read_text()[-3000:]
             time.sleep(poll_s)
 
-    def metric(self, role: str, name: str) -> float:
-        return total(scrape(self.cfg.metrics.host, self.cfg.metrics.port(role)), name)
+    def metric(self, role: str, name: str, index: int = 0) -> float:
+        return total(scrape(self.cfg.metrics.host, self.cfg.metrics.port(role, index)), name)
+
+    def actors_metric(self, name: str) -> float:
+        return sum(self.metric("env_actor", name, j) for j in range(self.cfg.launch.num_env_actors))
+
+    def hang(self, role: str, sig: int) -> None:
+        """SIGSTOP / SIGCONT a role's whole process group (its vLLM engine core too)."""
+        os.killpg(read_state(self.run_dir)["roles"][role]["pid"], sig)
 
     def kill_and_wait(self, role: str) -> dict:
         before = read_state(self.run_dir)["roles"][role]
@@ -111,6 +130,53 @@ def run(tmp_path_factory):
         if run.alive():
             os.killpg(run.launcher.pid, signal.SIGTERM)
             run.launcher.wait(timeout=180)
+
+
+def test_a_hung_memory_service_is_gone_around_without_tips(run):
+    fallbacks = run.actors_metric("empo2_env_actor_memory_fallbacks_total")
+    run.hang("memory_service", signal.SIGSTOP)
+    try:
+        steps = run.actors_metric("empo2_env_actor_env_steps_total")
+        run.wait_for(
+            "turns without tips", lambda: run.actors_metric("empo2_env_actor_memory_fallbacks_total") > fallbacks + 2
+        )
+        run.wait_for("env steps meanwhile", lambda: run.actors_metric("empo2_env_actor_env_steps_total") > steps + 2)
+    finally:
+        run.hang("memory_service", signal.SIGCONT)
+    run.wait_for(
+        "the memory service answering again",
+        lambda: scrape(run.cfg.metrics.host, run.cfg.metrics.port("memory_service")),
+    )
+
+
+def test_a_hung_policy_server_is_failed_over_and_its_weight_push_sent_again(run):
+    learner_log = run.run_dir / "logs" / "learner.log"
+    server1 = run.cfg.endpoints.policy_servers[1]
+    stalled = f"to {server1} stalled"
+    timeouts = run.actors_metric('empo2_env_actor_errors_total{where="timeout"}')
+    run.hang("policy_server1", signal.SIGSTOP)
+    try:
+        run.wait_for(
+            "an env actor's generation timing out on the hung server",
+            lambda: run.actors_metric('empo2_env_actor_errors_total{where="timeout"}') > timeouts,
+            poll_s=2,
+        )
+        tokens = run.metric("policy_server", "empo2_policy_server_generated_tokens_total", 0)
+        run.wait_for(
+            "generation going on at the other server",
+            lambda: run.metric("policy_server", "empo2_policy_server_generated_tokens_total", 0) > tokens,
+            poll_s=2,
+        )
+        run.wait_for("the learner's push to the hung server stalling", lambda: stalled in learner_log.read_text(), 2)
+    finally:
+        run.hang("policy_server1", signal.SIGCONT)
+    learner_version = run.metric("learner", "empo2_learner_policy_version")
+    run.wait_for(
+        "the hung server catching up with the learner",
+        lambda: run.metric("policy_server", "empo2_policy_server_policy_version", 1) >= learner_version,
+        poll_s=2,
+    )
+    assert "PushStalled" not in learner_log.read_text()  # sent again, not given up
 
 
 def test_a_killed_env_actor_comes_back(run):
@@ -172,6 +238,8 @@ def test_training_reaches_its_target_and_nothing_is_lost_or_left(run):
     assert summary["outcome"] == "done" and summary["policy_version"] == TOTAL_STEPS, summary
     for role in ("env_actor0", "memory_service", "policy_server0", "replay_buffer", "learner"):
         assert summary["restarts"][role] >= 1, summary["restarts"]
+    assert summary["restarts"]["policy_server1"] == 0  # hung and resumed, never restarted
+    assert summary["server_versions_at_end"] == [TOTAL_STEPS, TOTAL_STEPS]
 
     # the buffer's log against what the actors were told: each acknowledged episode exactly once
     found = scan((run.cfg.run_path(run.cfg.replay_buffer.log_file)).read_bytes(), LOG_TAGS)

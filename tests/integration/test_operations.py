@@ -1,9 +1,10 @@
 """The whole pipeline end to end, and its operations, for real, on one run shared by the tests of
 this module (in order): the launcher (profile=e2e, its short episodes; 3 learner steps) starts and
 supervises every role as its own process (vLLM policy server, memory service, replay buffer,
-ScienceWorld env actors, learner) with the embedded model, and a real Prometheus (Debian's
-package) scrapes them through the launcher's file-based discovery with the rules of
-deploy/monitoring/rules.yml.
+ScienceWorld env actors, learner) with the embedded model, every socket under CURVE
+(security.curve=true, keys from empo2-keys; this test process uses the evaluation key), and a
+real Prometheus (Debian's package) scrapes them through the launcher's file-based discovery with
+the rules of deploy/monitoring/rules.yml.
 
   - every role's target is up in Prometheus
   - the policy server answers a greedy probe with the initial weights
@@ -14,6 +15,12 @@ deploy/monitoring/rules.yml.
     and shrinks them 3 -> 1, with no restart of the learner, buffer or memory service
   - the recording rules give non-zero throughput: episodes, env steps, generated and learner tokens
   - the policy server exports vLLM's engine metrics on its port
+  - CURVE guards every server of the running pipeline: a client without CURVE or with an unlisted
+    key gets nothing through (each server counts the refused handshakes), and an accepted key of
+    the wrong role is refused (wrong_role): an env actor's key takes no batch, the evaluation key
+    pushes no weights
+  - 200 hostile inputs (benchmarks/fuzz.py) to the live policy server, through CURVE: every one
+    answered, generation still served, the server not restarted
   - once the learner has pushed a newer version, the same greedy probe answers differently
   - every dashboard panel reads only metrics the live scrape exports, and every exported family
     is on a panel or deliberately left off (deploy/monitoring/make_dashboard.py)
@@ -42,8 +49,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
+import zmq.auth
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.fuzz import fuzz_endpoint
 from common.model_prep import resolve_model
 from common.process import spawn_role, stop_group
 from deploy.monitor import scrape, total
@@ -52,10 +61,12 @@ from deploy.prometheus import RULES, start_prometheus, wait_ready
 from deploy.run_state import kill_role, read_state, wait_for_role
 from pipeline.config import load_config
 from protocol import Client
-from protocol.messages import GenerateRequest, GenerateResponse
-from protocol.transport import wait_until_ready
+from protocol.messages import BatchRequest, GenerateRequest, GenerateResponse, WeightFile
+from protocol.security import Curve, generate_keys, use_curve
+from protocol.transport import RemoteError, wait_until_ready
 from replay_buffer.buffer import BufferLog, ReplayBuffer
 from tests.integration.conftest import REPO
+from tests.zmq_probe import ping_answered
 
 pytestmark = pytest.mark.e2e
 BASE = (
@@ -110,12 +121,15 @@ class _LoggedEpisodes(ReplayBuffer):
 
 class Run:
     def __init__(self, run_dir: Path):
-        self.run_dir, self.cfg = run_dir, load_config([*OVERRIDES, f"run_dir={run_dir}"])
+        self.keys = run_dir / "keys"
+        generate_keys(self.keys)
+        overrides = [*OVERRIDES, f"run_dir={run_dir}", "security.curve=true", f"security.keys_dir={self.keys}"]
+        self.run_dir, self.cfg = run_dir, load_config(overrides)
         self.out = run_dir / "launch.out"
         rules = run_dir / "rules.yml"
         rules.write_text(re.sub(r"for: \w+", "for: 0s", RULES.read_text()))
         self.prometheus = start_prometheus(run_dir, PROMETHEUS, "1s", [rules], run_dir / "prometheus.log")
-        self.launcher = spawn_role("deploy.launch", [*OVERRIDES, f"run_dir={run_dir}"], self.out, cwd=REPO)
+        self.launcher = spawn_role("deploy.launch", overrides, self.out, cwd=REPO)
         self.deadline = time.monotonic() + TIMEOUT_S
         self.first_answer: GenerateResponse | None = None  # the greedy probe with the initial weights
 
@@ -159,14 +173,23 @@ class Run:
             t["labels"].get("role", t["labels"]["job"]): t for t in _api("targets", state="active")["activeTargets"]
         }
 
+    def as_role(self, role: str) -> None:
+        """This process's client key from now on (CURVE is process-wide: protocol/security.py)."""
+        use_curve(Curve(self.keys, role))
+
+    def server_metric(self, kind: str, name: str) -> float:
+        return total(scrape(self.cfg.metrics.host, self.cfg.metrics.port(kind, 0)), name)
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     run = Run(tmp_path_factory.mktemp("operations"))
+    run.as_role("evaluation")  # the probes and the fuzzing
     try:
         wait_ready(PROMETHEUS, 60, run.prometheus)
         yield run
     finally:
+        use_curve(None)
         if run.alive():
             os.killpg(run.launcher.pid, signal.SIGTERM)
             run.launcher.wait(timeout=120)
@@ -279,6 +302,60 @@ def test_the_policy_server_exports_vllm_engine_metrics(run):
     for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_count"):
         assert total(server, name) > 0, name
     assert _value("sum(max_over_time(vllm:generation_tokens_total[30m]))") > 0  # and Prometheus has them
+
+
+def test_curve_guards_every_server_of_the_running_pipeline(run):
+    servers = {
+        "policy_server": run.cfg.endpoints.policy_servers[0],
+        "replay_buffer": run.cfg.endpoints.replay_buffer,
+        "memory_service": run.cfg.endpoints.memory_service,
+    }
+    server_key = zmq.auth.load_certificate(str(run.keys / "server.key"))[0]
+    public, secret = zmq.curve_keypair()  # a key pair no one authorized
+    unlisted = {zmq.CURVE_SERVERKEY: server_key, zmq.CURVE_PUBLICKEY: public, zmq.CURVE_SECRETKEY: secret}
+    for kind, endpoint in servers.items():
+        failures = f"empo2_{kind}_handshake_failures_total"
+        before = run.server_metric(kind, failures)
+        assert not ping_answered(endpoint, {}, 2000), f"{kind} answered a client without CURVE"
+        assert not ping_answered(endpoint, unlisted, 2000), f"{kind} answered an unlisted key"
+        run.wait_for(
+            f"{kind}'s refused handshakes counted",
+            lambda k=kind, f=failures, n=before: run.server_metric(k, f) >= n + 2,
+        )
+
+    def refused(role: str, endpoint: str, msg) -> str:
+        run.as_role(role)
+        client = Client(zmq.Context.instance(), endpoint, timeout_s=30)
+        try:
+            with pytest.raises(RemoteError) as exc:
+                client.call(msg)
+            return exc.value.reason
+        finally:
+            client.close()
+            run.as_role("evaluation")
+
+    batch = BatchRequest(learner_version=0, num_groups=1, max_staleness=1)
+    assert refused("env_actor", servers["replay_buffer"], batch) == "wrong_role"
+    push = WeightFile(version=99, path="/dev/shm/empo2-intruder.safetensors", checksum="0" * 32)
+    assert refused("evaluation", servers["policy_server"], push) == "wrong_role"
+    for kind in ("replay_buffer", "policy_server"):
+        assert run.server_metric(kind, f'empo2_{kind}_messages_rejected_total{{reason="wrong_role"}}') >= 1
+
+
+def test_the_live_policy_server_answers_hostile_inputs_and_keeps_serving(run):
+    before = read_state(run.run_dir)["roles"]["policy_server0"]
+    result = fuzz_endpoint(
+        run.cfg.endpoints.policy_servers[0],
+        "policy_server",
+        200,
+        100,
+        seed=3,
+        pid=before["pid"],
+        alive=lambda: read_state(run.run_dir)["roles"]["policy_server0"]["pid"] == before["pid"],
+    )
+    assert not result["crashed"] and result["inputs_sent"] == 200, result
+    assert result["replies"].get("no_reply", 0) == 0 and result["valid_checks"] == {"ok": 3}, result
+    assert read_state(run.run_dir)["roles"]["policy_server0"]["restarts"] == before["restarts"]
 
 
 def test_a_weight_update_changes_the_greedy_answer(run):

@@ -14,10 +14,11 @@ import pytest
 import zmq
 
 from common.metrics import RoleMetrics
-from protocol import Client, encode, recv_request, send_reply
+from protocol import Client, recv_request, send_reply
 from protocol.messages import Ping, Pong
 from protocol.security import Curve, generate_keys, stop_authenticator, use_curve, watch_handshakes
 from protocol.transport import bind_router
+from tests.zmq_probe import ping_answered
 
 
 @pytest.fixture(scope="module")
@@ -62,22 +63,6 @@ def failures(metrics, reason: str | None = None) -> float:
     return sum(sample("empo2_curve_test_handshake_failures_total", {"reason": r}) or 0 for r in reasons)
 
 
-def raw_ping(endpoint: str, options: dict) -> bool:
-    """True if a DEALER with these socket options got any answer to a Ping within 1.5 s."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    for option, value in options.items():
-        sock.setsockopt(option, value)
-    sock.connect(endpoint)
-    try:
-        sock.send_multipart(encode(Ping(sender="intruder")))
-        return bool(sock.poll(1500))
-    finally:
-        sock.close(linger=0)
-        ctx.term()
-
-
 def wait_for(condition, timeout_s: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while not condition() and time.monotonic() < deadline:
@@ -109,7 +94,7 @@ def test_with_keys_every_request_is_answered_and_the_server_knows_the_senders_ro
 
 def test_a_client_without_curve_gets_nothing_through_and_is_counted(server):
     endpoint, metrics = server
-    assert not raw_ping(endpoint, {})
+    assert not ping_answered(endpoint, {})
     assert wait_for(lambda: failures(metrics) >= 1)
 
 
@@ -118,7 +103,7 @@ def test_a_client_with_an_unlisted_key_gets_nothing_through_and_is_counted(serve
     public, secret = zmq.curve_keypair()
     server_key = zmq.auth.load_certificate(str(keys_dir / "server.key"))[0]
     options = {zmq.CURVE_SERVERKEY: server_key, zmq.CURVE_PUBLICKEY: public, zmq.CURVE_SECRETKEY: secret}
-    assert not raw_ping(endpoint, options)
+    assert not ping_answered(endpoint, options)
     assert wait_for(lambda: failures(metrics, "auth") >= 1)
 
 
@@ -126,7 +111,7 @@ def test_a_client_expecting_another_server_key_gets_nothing_through(server, keys
     endpoint, metrics = server
     public, secret = zmq.auth.load_certificate(str(keys_dir / "clients" / "learner.key_secret"))
     options = {zmq.CURVE_SERVERKEY: zmq.curve_keypair()[0], zmq.CURVE_PUBLICKEY: public, zmq.CURVE_SECRETKEY: secret}
-    assert not raw_ping(endpoint, options)
+    assert not ping_answered(endpoint, options)
     assert wait_for(lambda: failures(metrics) >= 1)
 
 
