@@ -465,7 +465,8 @@ class EnvWorker:
                 self._upload(trajectory)
                 self.playing = None
                 report_s = time.perf_counter()
-                self.report_episode(episode)
+                if self.cfg.replay_buffer.p_memory > 0:  # p = 0 (GRPO): no tip rollout ever reads the memory
+                    self.report_episode(episode)
                 report_s = time.perf_counter() - report_s
                 self._record(episode)
                 log.info(

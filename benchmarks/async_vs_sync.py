@@ -45,8 +45,8 @@ POLL_S = 0.25  # how often the policy server's generation metrics are read durin
 # profile's 1 and 1 would make both modes lockstep); ports away from the defaults and the tests'
 CONFIG = [
     "profile=cpu",
-    # GRPO (p = 0): no memory service work (reflections on the policy server) competing for the two
-    # cores in either mode, and no long seeded reflection prompt (vLLM 0.32's CPU engine died on one
+    # GRPO (p = 0): no memory service work (reflections on the policy server: the env actors report no
+    # episode when no rollout reads the memory) competing for the two cores in either mode, and no long seeded reflection prompt (vLLM 0.32's CPU engine died on one
     # here: "CPU Generator does not use offset", when a seeded request's prefill is chunked)
     "preset=grpo",
     "learner.total_steps=100000",

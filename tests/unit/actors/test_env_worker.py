@@ -311,3 +311,36 @@ def test_a_refused_upload_loses_that_episode_only_and_is_counted(stub_server, se
         )
     finally:
         worker.close()
+
+
+@pytest.mark.parametrize("p_memory, reported", [(0.25, True), (0.0, False)])
+def test_the_training_loop_reports_episodes_to_memory_only_when_tip_rollouts_can_read_it(
+    stub_server, servers, p_memory, reported
+):
+    """With p = 0 (GRPO) no rollout ever reads the memory, so the episodes go to no reflection (which
+    would take the policy server's time): one assignment played, uploaded, reported or not."""
+    from protocol import RemoteError
+    from protocol.messages import ErrorReply, Trajectory
+
+    given = []
+
+    def buffer_answer(msg):
+        if isinstance(msg, Ping):
+            return Pong(role="replay_buffer", policy_version=0, ready=True)
+        if isinstance(msg, Trajectory):
+            return Ack(ref=msg.episode_id)
+        if given:  # the second assignment request ends the loop
+            return ErrorReply(reason="stop", detail="end of the test")
+        given.append(_assignment(ON_POLICY))
+        return given[-1]
+
+    policy, memory, _ = servers
+    buffer = stub_server(buffer_answer)
+    worker = EnvWorker(
+        _cfg((policy, memory, buffer.endpoint), f"replay_buffer.p_memory={p_memory}"),
+        runner=EpisodeRunner(ScriptedEnv(1), PlainPrompts(), max_steps=5),
+    )
+    with pytest.raises(RemoteError):
+        worker.run()
+    assert [m.episode_id for m in buffer.received if isinstance(m, Trajectory)] != []  # played and uploaded
+    assert any(isinstance(m, EpisodeReport) for m in memory.received) == reported
