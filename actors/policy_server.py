@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 import zmq
 import zmq.asyncio
@@ -94,6 +95,9 @@ class PolicyServer:
         recv_loop = self._recv_task = asyncio.create_task(self._recv_loop())
         model_path = resolve_model(self.cfg.model.name, self.cfg.model.cache_dir or None)
         self.limits = door_limits(self.cfg, model_vocab_size(model_path))  # prompt token ids < the model's vocab
+        # an unfinished zmq update holds at most twice the model's weights (a learner in float32 pushing
+        # to a bfloat16 server sends twice the bytes of its files)
+        self.assembler.max_bytes = 2 * sum(f.stat().st_size for f in Path(model_path).glob("*.safetensors"))
         from actors.policy_engine import PolicyEngine  # late: importing vLLM takes seconds
 
         t0 = time.time()

@@ -46,20 +46,34 @@ def frame_tensors(metas: list[TensorMeta], buffers) -> list[tuple[str, torch.Ten
 
 @dataclass
 class WeightAssembler:
+    """`max_bytes`: the most tensor bytes an unfinished update may hold (0: no bound). The policy
+    server sets twice its model's weight files, so chunks that never complete (a client announcing
+    100,000 of them) cannot take the host's memory."""
+
     staging_dir: Path
     server_id: str
+    max_bytes: int = 0
     _version: int = -1
     _chunks: dict[int, WeightChunk] = field(default_factory=dict)
+    _held_bytes: int = 0
 
     def add(self, chunk: WeightChunk) -> str | None:
         """Add a chunk; returns the staged file once the update is complete and verified."""
         if chunk.version != self._version:  # a new update replaces an unfinished older one
-            self._version, self._chunks = chunk.version, {}
+            self._version, self._chunks, self._held_bytes = chunk.version, {}, 0
+        replaced = self._chunks.get(chunk.chunk_index)
+        self._held_bytes += _data_bytes(chunk) - (_data_bytes(replaced) if replaced else 0)
         self._chunks[chunk.chunk_index] = chunk
+        if self.max_bytes and self._held_bytes > self.max_bytes:
+            held, self._version, self._chunks, self._held_bytes = self._held_bytes, -1, {}, 0
+            raise WeightUpdateError(
+                f"v{chunk.version}: {held} bytes of chunks held, over the limit of {self.max_bytes} "
+                "(twice the model's weights); the update is dropped"
+            )
         if len(self._chunks) < chunk.num_chunks:
             return None
         ordered = [self._chunks[i] for i in range(chunk.num_chunks)]
-        self._chunks = {}
+        self._chunks, self._held_bytes = {}, 0
         metas = [m for c in ordered for m in c.tensors]
         buffers = [memoryview(d) for c in ordered for d in c.data]
         if any((c.checksum, c.lora_scale) != (chunk.checksum, chunk.lora_scale) for c in ordered):
@@ -70,6 +84,10 @@ class WeightAssembler:
         path = Path(self.staging_dir) / f"empo2-weights-{self.server_id}.safetensors"
         write_weight_file(path, frame_tensors(metas, buffers))
         return str(path)
+
+
+def _data_bytes(chunk: WeightChunk) -> int:
+    return sum(len(memoryview(d)) for d in chunk.data)
 
 
 def merged_lora_weights(
