@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from protocol.codec import Message, decode, encode, pack_frames, unpack_frames
@@ -75,12 +76,15 @@ def _comm_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-def shard(scorer: torch.nn.Module, layers: torch.nn.ModuleList) -> None:
+def shard(scorer: torch.nn.Module, layers: torch.nn.ModuleList, device: torch.device) -> None:
     """FSDP2: one unit per decoder layer (all-gathered just before it runs), the rest (embeddings,
-    final norm, tied lm_head) in the root unit. Gradients are summed across ranks, not averaged:
+    final norm, tied lm_head) in the root unit, on a mesh of `device`'s type (the learner's: FSDP's
+    own default mesh is on whatever accelerator torch finds, and moved the parameters of a
+    learner.device=cpu learner to a visible GPU). Gradients are summed across ranks, not averaged:
     train_step divides them by the global kept-token count."""
+    mesh = init_device_mesh(device.type, (world_size(),))
     for unit in [*layers, scorer]:  # inner units first: the root takes what is left
-        fully_shard(unit)
+        fully_shard(unit, mesh=mesh)
         unit.set_gradient_divide_factor(1.0)  # per unit
         unit.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no pre-multiplied sum
 

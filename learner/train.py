@@ -69,16 +69,23 @@ class Trainer:
         seed: int,
         resume_from: Path | None = None,
         memory_in_use: bool = True,
+        reference_path: str | None = None,
     ):
-        """`memory_in_use`: replay_buffer.p_memory > 0 (the paper's low-probability mask applies then)."""
+        """`memory_in_use`: replay_buffer.p_memory > 0 (the paper's low-probability mask applies then).
+        `reference_path`: the KL reference's weights, the policy the run started from (None: the
+        weights at model_path; a resumed run passes its base model, not the checkpoint it loads)."""
         self.cfg = cfg  # its choices (ratio, advantage, intrinsic_kind, ...) were validated at load
         self.memory_in_use, self.seed = memory_in_use, seed
         self.device = distributed.init(cfg.device)
         self.model, self.tokenizer = load_policy(model_path, self.device)  # HF names, config, save_pretrained
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
-        # the KL reference is the policy the learner starts from (frozen)
-        self.ref = self._sharded(copy.deepcopy(self.model).eval().requires_grad_(False)) if cfg.kl_coef else None
+        # the KL reference is the policy the run started from (frozen), also after a resume
+        self.ref = None
+        if cfg.kl_coef:
+            fresh = reference_path in (None, model_path)
+            reference = copy.deepcopy(self.model) if fresh else load_policy(reference_path, self.device)[0]
+            self.ref = self._sharded(reference.eval().requires_grad_(False))
         if cfg.lora_rank:  # the base frozen, adapters trained and pushed (learner/lora.py)
             self.model = apply_lora(self.model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
         self.scorer = self._sharded(self.model)
@@ -97,10 +104,9 @@ class Trainer:
         }
         self.version = load_trainer_state(resume_from, self.stateful) if resume_from else 0  # +1 per step
 
-    @staticmethod
-    def _sharded(lm) -> ResponseScorer:
+    def _sharded(self, lm) -> ResponseScorer:
         scorer = ResponseScorer(lm)
-        distributed.shard(scorer, lm.get_decoder().layers)
+        distributed.shard(scorer, lm.get_decoder().layers, self.device)
         return scorer
 
     def step(self, trajectories: list[Trajectory], timer: PhaseTimer | None = None) -> StepStats:
@@ -197,11 +203,8 @@ class Learner:
         self.checkpoints = Path(cfg.run_dir) / "checkpoints"
         resume_from = list_checkpoints(self.checkpoints)[-1:] if self.lcfg.resume else []
         # a LoRA run resumes from the base model plus the adapter in the trainer state, else from the checkpoint's weights
-        self.model_path = (
-            str(resume_from[0])
-            if resume_from and not self.lcfg.lora_rank
-            else resolve_model(cfg.model.name, cfg.model.cache_dir or None)
-        )
+        base_model = resolve_model(cfg.model.name, cfg.model.cache_dir or None)
+        self.model_path = str(resume_from[0]) if resume_from and not self.lcfg.lora_rank else base_model
         # "memory in use" is a property of the run (the paper masks whenever p > 0), read once here at the
         # composition root rather than guessed from each batch's modes or restated as a learner key
         self.trainer = Trainer(
@@ -210,6 +213,7 @@ class Learner:
             cfg.seed,
             resume_from[0] if resume_from else None,
             memory_in_use=cfg.replay_buffer.p_memory > 0,
+            reference_path=base_model,
         )
         if resume_from:
             log.info("resumed from %s at policy version %d", resume_from[0], self.trainer.version)

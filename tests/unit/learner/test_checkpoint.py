@@ -95,3 +95,30 @@ def test_retention_keeps_the_newest_complete_checkpoints(tmp_path):
         )
     (tmp_path / "step_000009").mkdir()  # incomplete (no trainer state): never listed
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000003", "step_000004"]
+
+
+def test_with_a_kl_term_the_resumed_trainer_keeps_the_runs_initial_policy_as_its_reference(tmp_path):
+    """The KL reference is the policy the run started from: a Trainer resumed from a checkpoint
+    (given the base model as reference_path, as the learner does) takes the uninterrupted step
+    exactly; with the checkpoint itself as the reference (the earlier behaviour) it would not."""
+    from learner.train import Trainer
+    from tests.factories import mixed_group, save_tiny_model
+
+    base = save_tiny_model(tmp_path / "base", initializer_range=0.2)
+    cfg = LearnerConfig(lr=1e-2, kl_coef=0.5, total_steps=4, device="cpu", low_prob_threshold=None)
+    trainer = Trainer(cfg, base, seed=0, reference_path=base)
+    trainer.step(mixed_group(0))
+    path = trainer.save_checkpoint(tmp_path / "checkpoints", keep_last=1)
+    uninterrupted = trainer.step(mixed_group(1))
+    expected = {k: v.clone() for k, v in trainer.full_weights().items()}
+
+    def resumed(reference: str):
+        again = Trainer(cfg, str(path), seed=0, resume_from=path, reference_path=reference)
+        return again.step(mixed_group(1)), again.full_weights()
+
+    stats, weights = resumed(base)
+    assert stats.loss == pytest.approx(uninterrupted.loss, abs=1e-7) and stats.kl_mean == uninterrupted.kl_mean
+    for name, value in expected.items():
+        torch.testing.assert_close(weights[name], value, rtol=0, atol=0)
+    wrong, _ = resumed(str(path))  # the checkpoint as reference: KL 0 where the run had moved
+    assert wrong.kl_mean != uninterrupted.kl_mean
