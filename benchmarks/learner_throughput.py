@@ -3,7 +3,7 @@ model on the same batch, measured in the same run (ratios are what to compare; t
 noisy). Tokens counted = prompt + response tokens processed by the forward pass.
 
     .venv/bin/python -m benchmarks.learner_throughput [--samples 8] [--prompt-tokens 350] [--repeats 3]
-        [--micro-batch-tokens 4096]
+        [--micro-batch-tokens 4096] [--device cpu|cuda] [--model embedded:SmolLM2-135M-Instruct | HF dir]
 
 Learner: train_step on the Trainer's policy as the learner runs it (FSDP2-sharded, a process
 group of one), and on an unsharded copy (what sharding costs at world size 1).
@@ -55,19 +55,23 @@ def make_batch(n: int, prompt_tokens: int, response_tokens: int, vocab: int, see
 def plain_step(model, optimizer, batch: list[TurnSample]) -> None:
     optimizer.zero_grad(set_to_none=True)
     for s in batch:
-        ids = torch.from_numpy(np.concatenate([s.update_prompt, s.response]).astype(np.int64))[None]
+        ids = torch.from_numpy(np.concatenate([s.update_prompt, s.response]).astype(np.int64))[None].to(model.device)
         labels = ids.clone()
         labels[0, : len(s.update_prompt)] = -100
         model(input_ids=ids, labels=labels).loss.backward()
     optimizer.step()
 
 
-def timed(fn, repeats: int) -> float:
+def timed(fn, repeats: int, device: str = "cpu") -> float:
+    """Median wall seconds of fn() after one warm-up; on CUDA each run ends when its kernels have."""
+    sync = torch.cuda.synchronize if device == "cuda" else lambda: None
     fn()  # warm-up
     times = []
     for _ in range(repeats):
+        sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
 
@@ -79,21 +83,27 @@ def main() -> None:
     parser.add_argument("--response-tokens", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--micro-batch-tokens", type=int, default=LearnerConfig.micro_batch_tokens)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="learner.device of both sides")
+    parser.add_argument("--model", default="embedded:SmolLM2-135M-Instruct", help="model name or HF directory")
     parser.add_argument("--out", default="benchmarks/results/learner_throughput.json")
     args = parser.parse_args()
 
-    path = resolve_model("embedded:SmolLM2-135M-Instruct")
+    path = resolve_model(args.model)
     # tiny lr: the weights barely move
-    cfg = LearnerConfig(lr=1e-12, low_prob_threshold=None, device="cpu", micro_batch_tokens=args.micro_batch_tokens)
+    cfg = LearnerConfig(
+        lr=1e-12, low_prob_threshold=None, device=args.device, micro_batch_tokens=args.micro_batch_tokens
+    )
     trainer = Trainer(cfg, path, seed=0)
-    model, _ = load_policy(path, "cpu")
+    model, _ = load_policy(path, trainer.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     batch = make_batch(args.samples, args.prompt_tokens, args.response_tokens, model.config.vocab_size)
     tokens = sum(len(s.update_prompt) + len(s.response) for s in batch)
 
-    learner_s = timed(lambda: train_step(trainer.scorer, trainer.optimizer, batch, cfg, version=0), args.repeats)
-    unsharded_s = timed(lambda: train_step(model, optimizer, batch, cfg, version=0), args.repeats)
-    plain_s = timed(lambda: plain_step(model, optimizer, batch), args.repeats)
+    learner_s = timed(
+        lambda: train_step(trainer.scorer, trainer.optimizer, batch, cfg, version=0), args.repeats, args.device
+    )
+    unsharded_s = timed(lambda: train_step(model, optimizer, batch, cfg, version=0), args.repeats, args.device)
+    plain_s = timed(lambda: plain_step(model, optimizer, batch), args.repeats, args.device)
     result = {
         "command": command_line([".venv/bin/python", "-m", "benchmarks.learner_throughput"], sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -101,6 +111,7 @@ def main() -> None:
         "samples": args.samples,
         "tokens_per_step": tokens,
         "threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "micro_batch_tokens": args.micro_batch_tokens,
         "learner_tokens_per_s": tokens / learner_s,
         "learner_unsharded_tokens_per_s": tokens / unsharded_s,
