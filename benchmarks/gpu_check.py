@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.record import command_line
+
 REPO = Path(__file__).resolve().parent.parent
 LR = 1e-5
 # Relative tolerances, CPU (fp32) against CUDA (fp32, TF32 off). fp32 rounds at u = 6e-8; the longest
@@ -474,7 +476,11 @@ def main_run(args: argparse.Namespace) -> None:
     if args.accel == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--accel cuda: torch sees no CUDA device")
     report: dict = {
-        "command": " ".join(["python3", "-m", "benchmarks.gpu_check", *sys.argv[1:]]),
+        # the device tool's output folder is named by its variable, paths in the repository relative to it
+        "command": command_line(
+            ["python3", "-m", "benchmarks.gpu_check"],
+            ["$OUT" if a == os.environ.get("OUT") else a for a in sys.argv[1:]],
+        ),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "accel": args.accel,
         "tolerances": TOL,
