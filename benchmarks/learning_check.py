@@ -20,6 +20,7 @@ evaluation points between before and after; it shares the cores with the trainin
 Run (repository root):
   .venv/bin/python -m benchmarks.learning_check base --tasks-per-chunk 5 --variations 2 --episodes 1 --max-steps 8
   .venv/bin/python -m benchmarks.learning_check compare --tasks find-living-thing --budget-min 45
+  .venv/bin/python -m benchmarks.learning_check compare --tasks find-living-thing --collect   # table and plots again
 """
 
 from __future__ import annotations
@@ -119,7 +120,11 @@ def confidence_interval(seed_means: list[float]) -> tuple[float, float]:
     return mean, t * statistics.stdev(seed_means) / math.sqrt(len(seed_means))
 
 
+PRESETS = ("empo2", "grpo")
+
+
 def compare(args) -> int:
+    """Train both presets and evaluate before/after (unless --collect), then collect_compare."""
     tasks = args.tasks
     root = Path(args.run_root)
     common = [f"seed={args.seed}", f"replay_buffer.tasks=[{','.join(tasks)}]"]
@@ -129,13 +134,12 @@ def compare(args) -> int:
         f"eval.variations={args.variations}",
         f"eval.episodes={args.episodes}",
     ]
-    # "before" is the base model for both presets, and its evaluation (no memory, no training)
-    # does not depend on the preset: played once
-    _eval(root / "base", args.lock, [*evaluation, "eval.policy=base"])
-    runs = []
-    for preset in ("empo2", "grpo"):
+    if not args.collect:
+        # "before" is the base model for both presets, and its evaluation (no memory, no training)
+        # does not depend on the preset: played once
+        _eval(root / "base", args.lock, [*evaluation, "eval.policy=base"])
+    for preset in PRESETS if not args.collect else ():
         run_dir = root / preset
-        runs.append(run_dir)
         train = [
             f"preset={preset}",
             *common,
@@ -153,32 +157,79 @@ def compare(args) -> int:
         print(f"[learning_check] training {preset} for {args.budget_min} min", flush=True)
         subprocess.run(_locked(args.lock, [sys.executable, "-m", "deploy.launch", *train]), cwd=REPO)  # ends by timeout
         _eval(run_dir, args.lock, [f"preset={preset}", *evaluation, "eval.policy=latest"])
+    return collect_compare(root, args)
+
+
+def collect_compare(root: Path, args) -> int:
+    """The before/after table of every evaluation under `root` (the final ones of --variations x
+    --episodes, and the periodic ones during training), each run's steps and restarts, and the
+    curves (empo2-plot), into benchmarks/results/learning_check_compare.{json,md} and _plots/."""
+    runs = [root / preset for preset in PRESETS]
     rows = []
-    for label, run_dir in [("base model", root / "base"), *zip(("empo2", "grpo"), runs)]:
+    for label, run_dir in [("base model", root / "base"), *zip(PRESETS, runs)]:
         for result_dir in sorted((run_dir / "eval").iterdir()):
             report = json.loads((result_dir / "results.json").read_text())
+            episodes = list(EpisodeLog(result_dir / EPISODES_FILE).read().values())
+            final = (report["variations_per_task"], report["episodes_per_variation"]) == (
+                args.variations,
+                args.episodes,
+            )
             for t in report["tasks"]:
                 mean, half = confidence_interval(t["seed_means"])
+                scores = [e["score"] for e in episodes if e["task"] == t["task"]]
                 rows.append(
                     {
                         "trained_by": label,
                         "policy": report["policy"],
+                        "evaluation": "final" if final else "periodic",
+                        "variations": report["variations_per_task"],
+                        "seeds": report["episodes_per_variation"],
                         "task": t["task"],
                         "mean": mean,
                         "ci95": half,
                         "success": t["success_rate"],
+                        "failed_episodes": sum(score < 0 for score in scores),  # -100: a wrong object focused on
+                        "episodes": len(scores),
                     }
                 )
+    training = {}
+    for preset, run_dir in zip(PRESETS, runs):
+        summary = json.loads((run_dir / "summary.json").read_text())
+        training[preset] = {
+            "wall_seconds": summary["wall_seconds"],
+            "learner_steps": max(summary["server_versions_at_end"]),  # the version the servers ended on
+            "episodes": summary["episodes"],
+            "reflections": summary["reflections"],
+            "restarts": {role: n for role, n in summary["restarts"].items() if n},
+        }
     subprocess.run(
         [sys.executable, "-m", "evaluation.plot", *map(str, runs), "--out", str(RESULTS / "learning_check_plots")],
         check=True,
     )
-    result = {**run_header([".venv/bin/python", "-m", "benchmarks.learning_check"], sys.argv[1:]), "rows": rows}
+    result = {
+        **run_header([".venv/bin/python", "-m", "benchmarks.learning_check"], sys.argv[1:]),
+        "training": training,
+        "rows": rows,
+    }
     write_result(RESULTS / "learning_check_compare.json", result)
-    lines = ["| trained by | policy | task | score (95% CI) | success |", "|---|---|---|---|---|"]
+    lines = [
+        "| trained by | policy | evaluation | variations x seeds | score (95% CI over seeds) | success | episodes < 0 |",
+        "|---|---|---|---|---|---|---|",
+    ]
     lines += [
-        f"| {r['trained_by']} | {r['policy']} | {r['task']} | {r['mean']:.1f} ± {r['ci95']:.1f} | {r['success']:.0%} |"
+        f"| {r['trained_by']} | {r['policy']} | {r['evaluation']} | {r['variations']} x {r['seeds']} | "
+        f"{r['mean']:.1f} ± {r['ci95']:.1f} | {r['success']:.0%} | {r['failed_episodes']} of {r['episodes']} |"
         for r in rows
+    ]
+    lines += [
+        "",
+        "| run | learner steps in the budget | wall s | episodes | reflections | restarts |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {preset} | {t['learner_steps']:.0f} | {t['wall_seconds']:.0f} | {t['episodes']:.0f} | "
+        f"{t['reflections']:.0f} | {t['restarts'] or '-'} |"
+        for preset, t in training.items()
     ]
     (RESULTS / "learning_check_compare.md").write_text("\n".join(lines) + "\n")
     return 0
@@ -210,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--episodes", type=int, default=4)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--run-root", default="runs/learning_check")
+    c.add_argument("--collect", action="store_true", help="only write the table and plots of the runs under --run-root")
     args = parser.parse_args(argv)
     return base(args) if args.part == "base" else compare(args)
 

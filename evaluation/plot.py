@@ -65,8 +65,11 @@ def plot_runs(run_dirs: list[Path], out: Path) -> list[Path]:
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
     for name, steps, _ in runs:
         by_step.plot(*_series(steps, "step", "episode_score_mean"), marker=".", label=name)
-        minutes = [r["elapsed_s"] / 60 for r in steps if "elapsed_s" in r]
-        by_time.plot(minutes, [r["episode_score_mean"] for r in steps if "elapsed_s" in r], marker=".", label=name)
+        timed = [r for r in steps if "wall_time" in r and "elapsed_s" in r]
+        if timed:  # minutes since the run began: a restarted learner's elapsed_s starts again from 0
+            start = timed[0]["wall_time"] - timed[0]["elapsed_s"]
+            minutes = [(r["wall_time"] - start) / 60 for r in timed]
+            by_time.plot(minutes, [r["episode_score_mean"] for r in timed], marker=".", label=name)
     by_step.set(xlabel="learner step", ylabel="mean episode score (training batch)", title="score vs step")
     by_time.set(xlabel="wall time (min)", ylabel="mean episode score (training batch)", title="score vs wall time")
     for ax in (by_step, by_time):
@@ -77,10 +80,15 @@ def plot_runs(run_dirs: list[Path], out: Path) -> list[Path]:
     if any(evals for _, _, evals in runs):
         fig, (score, success) = plt.subplots(1, 2, figsize=(11, 4))
         for name, _, evals in runs:
-            xs, ys = _series(evals, "step", "mean_score")
-            score.plot(xs, ys, marker="o", label=name)
-            xs, ys = _series(evals, "step", "mean_success_rate")
-            success.plot(xs, [100 * y for y in ys], marker="o", label=name)
+            # one series per evaluation size: the periodic subset and a final evaluation of the same
+            # checkpoint are different measurements
+            sizes = dict.fromkeys((r.get("variations_per_task"), r.get("episodes_per_variation")) for r in evals)
+            for size in sizes:
+                same = [r for r in evals if (r.get("variations_per_task"), r.get("episodes_per_variation")) == size]
+                label = f"{name} ({size[0]} x {size[1]})" if size[0] else name
+                score.plot(*_series(same, "step", "mean_score"), marker="o", label=label)
+                xs, ys = _series(same, "step", "mean_success_rate")
+                success.plot(xs, [100 * y for y in ys], marker="o", label=label)
         score.set(xlabel="learner step (checkpoint)", ylabel="test score (mean over tasks)", title="evaluation score")
         success.set(xlabel="learner step (checkpoint)", ylabel="success rate (%)", title="evaluation success")
         for ax in (score, success):
@@ -116,8 +124,9 @@ def plot_runs(run_dirs: list[Path], out: Path) -> list[Path]:
                 ax.bar(xs, heights, bottom=bottom, label=phase)
                 bottom = [b + h for b, h in zip(bottom, heights)]
             ax.set(xlabel="learner step", ylabel="seconds", title=title)
+            ax.set_ylim(0, 1.1 * max(bottom, default=0.0) or 1.0)  # the whole stack of the tallest step
             if phases:
-                ax.legend(fontsize=7)
+                ax.legend(fontsize=7, framealpha=0.6)
     save(fig, "time_breakdown.png")
     return written
 
