@@ -62,6 +62,14 @@ def plain_step(model, optimizer, batch: list[TurnSample]) -> None:
     optimizer.step()
 
 
+def peak_rss_mb() -> float:
+    """This process's resident-memory high-water mark (Linux VmHWM), in MB."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def timed(fn, repeats: int, device: str = "cpu") -> float:
     """Median wall seconds of fn() after one warm-up; on CUDA each run ends when its kernels have."""
     sync = torch.cuda.synchronize if device == "cuda" else lambda: None
@@ -102,6 +110,7 @@ def main() -> None:
     learner_s = timed(
         lambda: train_step(trainer.scorer, trainer.optimizer, batch, cfg, version=0), args.repeats, args.device
     )
+    learner_peak_rss_mb = peak_rss_mb()  # the process's high-water mark once the learner's steps have run
     unsharded_s = timed(lambda: train_step(model, optimizer, batch, cfg, version=0), args.repeats, args.device)
     plain_s = timed(lambda: plain_step(model, optimizer, batch), args.repeats, args.device)
     result = {
@@ -114,6 +123,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "micro_batch_tokens": args.micro_batch_tokens,
         "learner_tokens_per_s": tokens / learner_s,
+        "learner_peak_rss_mb": learner_peak_rss_mb,
         "learner_unsharded_tokens_per_s": tokens / unsharded_s,
         "plain_tokens_per_s": tokens / plain_s,
         "ratio_learner_to_plain": plain_s / learner_s,
@@ -121,7 +131,9 @@ def main() -> None:
     }
     write_result(args.out, result, indent=1)
     print(f"{'':24}{'tokens/s':>12}")
-    print(f"{'EMPO2 train_step (FSDP)':24}{result['learner_tokens_per_s']:12.1f}")
+    print(
+        f"{'EMPO2 train_step (FSDP)':24}{result['learner_tokens_per_s']:12.1f}  peak RSS {learner_peak_rss_mb:.0f} MB"
+    )
     print(f"{'  same, unsharded':24}{result['learner_unsharded_tokens_per_s']:12.1f}")
     print(f"{'plain fwd+bwd+step':24}{result['plain_tokens_per_s']:12.1f}")
     print(
