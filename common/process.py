@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -93,6 +94,19 @@ def unlink_unmapped(paths: set[str]) -> list[str]:
         except FileNotFoundError:
             pass
     return gone
+
+
+def orphaned_semaphores() -> set[str]:
+    """joblib/loky named semaphores (/dev/shm/sem.loky-<creator pid>-<random>) whose creator is
+    gone. A vLLM CPU worker creates one that loky's resource tracker unlinks at a normal exit; a
+    role killed with SIGKILL takes the tracker with it, and its name is not mapped, so
+    group_shm_files cannot see it (seen in the fault matrix). A reused pid leaves its file alone."""
+    alive = set(_pids())
+    return {
+        str(path)
+        for path in Path("/dev/shm").glob("sem.loky-*")
+        if (creator := re.match(r"sem\.loky-(\d+)-", path.name)) and int(creator[1]) not in alive
+    }
 
 
 def _pids() -> list[int]:

@@ -38,7 +38,15 @@ from typing import NamedTuple
 
 from common.metrics import LaunchMetrics
 from common.model_prep import resolve_model
-from common.process import group_shm_files, interrupt_on_sigterm, signal_group, spawn_role, unlink_unmapped, wait_group
+from common.process import (
+    group_shm_files,
+    interrupt_on_sigterm,
+    orphaned_semaphores,
+    signal_group,
+    spawn_role,
+    unlink_unmapped,
+    wait_group,
+)
 from deploy.monitor import scrape, total
 from deploy.run_state import (
     STATE_FILE,
@@ -186,11 +194,12 @@ class Launcher:
                 return "done"
             # what a crash leaves of the role's group (its JVM, a vLLM engine core) would hold
             # its ports and memory: gone before the role starts again, with the shared memory
-            # its engine mapped (the resource tracker that would unlink it died with the role)
+            # its engine mapped and the semaphores of its dead processes (the resource trackers that
+            # would unlink them died with the role)
             leftover_shm = group_shm_files(child.process)
             signal_group(child.process, signal.SIGKILL)
             wait_group(child.process, now + launch.stop_grace_s)
-            for path in unlink_unmapped(leftover_shm):
+            for path in unlink_unmapped(leftover_shm | orphaned_semaphores()):
                 print(f"[launch] {child.name}: removed its leftover {path}", flush=True)
             child.last_exit = rc
             self.metrics.role_up.labels(child.name).set(0)
@@ -336,6 +345,8 @@ class Launcher:
             signal_group(child.process, signal.SIGKILL)  # what is left of the group after the grace period
             child.process.wait()
             self.metrics.role_up.labels(child.name).set(0)
+        for path in unlink_unmapped(orphaned_semaphores()):  # of a group killed after its grace period
+            print(f"[launch] removed the leftover {path}", flush=True)
         self.write_state()
         self.metrics.close()
 

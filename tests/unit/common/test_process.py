@@ -74,3 +74,22 @@ def test_a_killed_roles_shared_memory_is_found_and_removed():
         proc.wait()
         if os.path.exists(f"/dev/shm/{name}"):
             os.unlink(f"/dev/shm/{name}")
+
+
+def test_a_dead_processes_loky_semaphore_is_orphaned_a_living_ones_is_not(tmp_path):
+    """A SIGKILLed vLLM CPU worker leaves /dev/shm/sem.loky-<its pid>-<random>, unmapped: found by
+    its creator's pid being gone; a living process's is left alone."""
+    from common.process import orphaned_semaphores
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # reaped: its pid names no process (until reused, when the file is left alone)
+    files = [Path(f"/dev/shm/sem.loky-{pid}-empo2test") for pid in (dead.pid, os.getpid())]
+    try:
+        for f in files:
+            f.write_bytes(b"")
+        found = orphaned_semaphores()
+        assert str(files[0]) in found
+        assert str(files[1]) not in found
+    finally:
+        for f in files:
+            f.unlink(missing_ok=True)
