@@ -106,15 +106,14 @@ def group(step: int, vocab: int) -> list:
     = step), with prompts of 100-300 and responses of 8-24 tokens over the model's vocabulary, and
     behaviour log-probs near a random-init model's (about -log V), so that ratios fall on both sides
     of the clip."""
-    from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
-    from tests.factories import Turn, trajectory
+    from protocol.messages import ON_POLICY
+    from tests.factories import GROUP_MODES, Turn, group_episode
 
     rng = np.random.default_rng(1000 + step)
     centre = -math.log(vocab)
     out = []
     for slot in range(4):
-        mode = (ON_POLICY, ON_POLICY_TIPS, OFF_POLICY, ON_POLICY)[slot]
-        spans = [(1, 3)] if mode != ON_POLICY else []
+        spans = [(1, 3)] if GROUP_MODES[slot] != ON_POLICY else []
         turns = []
         for _ in range(2):
             response = rng.integers(3, vocab, rng.integers(8, 25))
@@ -126,21 +125,7 @@ def group(step: int, vocab: int) -> list:
                     tip_spans=spans,
                 )
             )
-        out.append(
-            trajectory(
-                turns,
-                mode=mode,
-                score=float(25 * slot),
-                group_id=f"g{step}",
-                slot=slot,
-                episode_id=f"{step}-{slot}",
-                task="t",
-                versions=[step, step],
-                num_memories=[1, 3],
-                observations=["a room", f"room {slot}"],
-                actions=["look", "go"],
-            )
-        )
+        out.append(group_episode(step, slot, turns))
     return out
 
 

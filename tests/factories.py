@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from protocol.messages import ON_POLICY, Trajectory
+from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory
 
 
 @dataclass
@@ -107,16 +107,18 @@ def save_tiny_model(path, vocab: int = 40, **config) -> str:
     return str(path)
 
 
+# the modes of a mixed group's 4 slots: on-policy, on-policy with tips, off-policy, on-policy
+GROUP_MODES = (ON_POLICY, ON_POLICY_TIPS, OFF_POLICY, ON_POLICY)
+
+
 def mixed_group(step: int) -> list[Trajectory]:
     """One group of 4 episodes (2 turns, mixed prompt lengths, tips in two), rewarded unevenly, as
     the learner receives it for `step`. The near-uniform tiny model (vocab 40) gives every token a
     log-prob near log(1/40) = -3.7, so the mask at -3 drops every tip sample, clearly on every rank."""
-    from protocol.messages import OFF_POLICY, ON_POLICY_TIPS
-
     rng = np.random.default_rng(step)
     out = []
     for slot in range(4):
-        mode = (ON_POLICY, ON_POLICY_TIPS, OFF_POLICY, ON_POLICY)[slot]
+        mode = GROUP_MODES[slot]
         prompts = [rng.integers(3, 40, rng.integers(5, 20)) for _ in range(2)]
         responses = [rng.integers(3, 40, rng.integers(1, 4)) for _ in range(2)]
         logprobs = rng.uniform(-4, -2, sum(len(r) for r in responses))
@@ -126,19 +128,23 @@ def mixed_group(step: int) -> list[Trajectory]:
             Turn(prompt=prompts[0], response=responses[0], logprobs=logprobs[:cut], tip_spans=spans),
             Turn(prompt=prompts[1], response=responses[1], logprobs=logprobs[cut:], tip_spans=spans),
         ]
-        out.append(
-            trajectory(
-                turns,
-                mode=mode,
-                score=float(25 * slot),
-                group_id=f"g{step}",
-                slot=slot,
-                episode_id=f"{step}-{slot}",
-                task="t",
-                versions=[step, step],
-                num_memories=[1, 3],
-                observations=["a room", f"room {slot}"],
-                actions=["look", "go"],
-            )
-        )
+        out.append(group_episode(step, slot, turns))
     return out
+
+
+def group_episode(step: int, slot: int, turns: list[Turn]) -> Trajectory:
+    """Slot `slot` of a mixed group for `step` holding `turns`: its mode from GROUP_MODES, score
+    25 x slot, 2 turns' versions, memories, observations and actions."""
+    return trajectory(
+        turns,
+        mode=GROUP_MODES[slot],
+        score=float(25 * slot),
+        group_id=f"g{step}",
+        slot=slot,
+        episode_id=f"{step}-{slot}",
+        task="t",
+        versions=[step, step],
+        num_memories=[1, 3],
+        observations=["a room", f"room {slot}"],
+        actions=["look", "go"],
+    )
