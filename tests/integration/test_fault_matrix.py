@@ -42,7 +42,7 @@ from protocol.records import scan
 from replay_buffer.buffer import LOG_TAGS, SERVED_TAG, TRAJECTORY_TAG
 from tests.integration.conftest import REPO
 
-# long: ~15-25 min on 2 cores, run by `make test-long`; `make test` keeps its short variants: the env actor
+# long: ~10 min on 2 cores, run by `make test-long`; `make test` keeps its short variants: the env actor
 # and replay buffer kills of test_operations.py, the memory service's kill -9 in test_memory_durability.py
 pytestmark = [pytest.mark.e2e, pytest.mark.long]
 BASE = 37100  # metrics.base_port: servers 37100, buffer 37200, memory 37201, launcher 37202, learner 37300, ...
@@ -54,6 +54,10 @@ OVERRIDES = [
     "env_actor.generate_timeout_s=60",
     "learner.push_timeout_s=45",
     "learner.push_attempts=8",
+    # room for the actors to play on while the learner's push to a hung server stalls (minutes): with
+    # the profile's one open and one ready group they stop too, and none asks the hung server
+    "replay_buffer.max_open_groups=3",
+    "replay_buffer.max_ready_groups=3",
     "endpoints.replay_buffer=tcp://127.0.0.1:36560",
     "endpoints.memory_service=tcp://127.0.0.1:36570",
     f"metrics.base_port={BASE}",
