@@ -46,7 +46,10 @@ from tests.integration.conftest import REPO
 # and replay buffer kills of test_operations.py, the memory service's kill -9 in test_memory_durability.py
 pytestmark = [pytest.mark.e2e, pytest.mark.long]
 BASE = 37100  # metrics.base_port: servers 37100, buffer 37200, memory 37201, launcher 37202, learner 37300, ...
-TOTAL_STEPS = 4  # the learner is killed after step 2 and resumes: two steps after its restart
+# the learner is killed after step 2 and resumes; the steps after it keep the run going until every
+# kill has been checked (with 3 ready groups the learner can take 3 steps without new episodes: at 4
+# steps the run ended before the restarted policy server had generated)
+TOTAL_STEPS = 8
 OVERRIDES = [
     "profile=e2e",
     "endpoints.policy_servers=[tcp://127.0.0.1:36550,tcp://127.0.0.1:36551]",
