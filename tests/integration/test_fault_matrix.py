@@ -42,7 +42,7 @@ from protocol.records import scan
 from replay_buffer.buffer import LOG_TAGS, SERVED_TAG, TRAJECTORY_TAG
 from tests.integration.conftest import REPO
 
-# long: ~10 min on 2 cores, run by `make test-long`; `make test` keeps its short variants: the env actor
+# long: ~18 min on 2 cores, run by `make test-long`; `make test` keeps its short variants: the env actor
 # and replay buffer kills of test_operations.py, the memory service's kill -9 in test_memory_durability.py
 pytestmark = [pytest.mark.e2e, pytest.mark.long]
 BASE = 37100  # metrics.base_port: servers 37100, buffer 37200, memory 37201, launcher 37202, learner 37300, ...
