@@ -39,7 +39,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from benchmarks.record import REPO, run_header, write_result
+from benchmarks.record import REPO, run_header, status_mb, write_result
 from common.process import spawn_role, stop_group
 from protocol import Client
 from protocol.codec import PROTOCOL_VERSION, decode, encode, message_types
@@ -252,13 +252,6 @@ def hostile_input(rng: random.Random, socket: str, seeds: dict[str, list]) -> tu
 # ------------------------------------------------------------------------------------ the run
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def valid_request_works(client: Client, socket: str) -> bool:
     try:
         if not isinstance(client.call(Ping(sender="fuzz-check")), Pong):
@@ -310,7 +303,7 @@ def fuzz_endpoint(
     latencies = []
     try:
         version_before = wait_until_ready(checker, "fuzz", timeout_s=600).policy_version
-        rss = [rss_mb(pid)]
+        rss = [status_mb(pid)]
         t0 = time.monotonic()
         sock = None
         for i in range(inputs):
@@ -339,13 +332,13 @@ def fuzz_endpoint(
                 break
             if (i + 1) % check_every == 0:
                 checks["ok" if valid_request_works(checker, socket) else "failed"] += 1
-                rss.append(rss_mb(pid))
+                rss.append(status_mb(pid))
         seconds = time.monotonic() - t0
         crashed = not alive()
         version_after = None
         if not crashed:
             checks["ok" if valid_request_works(checker, socket) else "failed"] += 1
-            rss.append(rss_mb(pid))
+            rss.append(status_mb(pid))
             version_after = checker.call(Ping(sender="fuzz-check")).policy_version
         if sock is not None:
             sock.close(linger=0)

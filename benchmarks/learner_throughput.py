@@ -21,7 +21,7 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.record import command_line, write_result
+from benchmarks.record import command_line, status_mb, write_result
 from common.model_prep import resolve_model
 from learner.config import LearnerConfig
 from learner.policy_model import load_policy
@@ -60,14 +60,6 @@ def plain_step(model, optimizer, batch: list[TurnSample]) -> None:
         labels[0, : len(s.update_prompt)] = -100
         model(input_ids=ids, labels=labels).loss.backward()
     optimizer.step()
-
-
-def peak_rss_mb() -> float:
-    """This process's resident-memory high-water mark (Linux VmHWM), in MB."""
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def timed(fn, repeats: int, device: str = "cpu") -> float:
@@ -110,7 +102,7 @@ def main() -> None:
     learner_s = timed(
         lambda: train_step(trainer.scorer, trainer.optimizer, batch, cfg, version=0), args.repeats, args.device
     )
-    learner_peak_rss_mb = peak_rss_mb()  # the process's high-water mark once the learner's steps have run
+    learner_peak_rss_mb = status_mb(field="VmHWM")  # the process's high-water mark once the learner's steps have run
     unsharded_s = timed(lambda: train_step(model, optimizer, batch, cfg, version=0), args.repeats, args.device)
     plain_s = timed(lambda: plain_step(model, optimizer, batch), args.repeats, args.device)
     result = {
