@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from actors.prompts import ChatTurn, Demonstration, PromptBuilder, TaskContext
+from actors.prompts import Demonstration, PromptBuilder, TaskContext, executed_note
 from common.logs import short_id
 from common.metrics import EnvActorMetrics
 from common.model_prep import resolve_model
@@ -80,11 +80,13 @@ class Turn:
     memory_retrieved: bool  # the retrieval answered (False: it failed, or the mode shows no tips)
     state: str
     action: str
+    chain_start: bool  # the prompt does not extend the previous turn's prompt and response
 
 
 @dataclass
 class EpisodeStats:
     invalid_actions: int = 0
+    chains: int = 0  # prompts that start a chain (turn 0, and each history trim): the learner's sequences
     memory_fallbacks: int = 0
     tips_shown: int = 0
     step_seconds: list[float] = field(default_factory=list)
@@ -165,9 +167,9 @@ class EpisodeRunner:
         stats = EpisodeStats()
         demo, templates = self.prompt_parts(a.task, a.variation)
         result = self.env.reset(a.task, a.variation)
-        ctx = TaskContext(self.env.task_description, demo, templates)
-        past: list[ChatTurn] = []
+        chat = self.prompts.chat(TaskContext(self.env.task_description, demo, templates))
         turns: list[Turn] = []
+        note = ""  # the user turn's word on the action executed at the turn before, when it was mapped
         for t in range(self.step_limit(a.task)):
             t0 = tick = time.perf_counter()
             tips, n, retrieved = [], 0, False
@@ -179,15 +181,21 @@ class EpisodeRunner:
                     (tips, n), retrieved = found, True
                     stats.tips_shown += len(tips)
                 tick = stats.timed("memory_retrieval", tick)
-            prompt = self.prompts.build(ctx, past, result.state, tips)
+            prompt = chat.prompt(result.state, tips, note)
             stats.prompt_tokens.append(len(prompt.token_ids))
+            stats.chains += int(prompt.chain_start)
             tick = stats.timed("prompt", tick)
             response = generate(prompt.token_ids, a.seed * TURN_SEEDS + t)
             tick = stats.timed("generation", tick)
+            chat.answered(result.state, tips, note, response.token_ids)
             action, mapped = most_similar_action(response.text, result.valid_actions)
             stats.invalid_actions += int(mapped)
-            turns.append(Turn(prompt.token_ids, prompt.tip_spans, response, n, retrieved, result.state, action))
-            past.append(ChatTurn(result.state, tips, action))
+            note = executed_note(action) if mapped else ""
+            turns.append(
+                Turn(
+                    prompt.token_ids, prompt.tip_spans, response, n, retrieved, result.state, action, prompt.chain_start
+                )
+            )
             result = self.env.step(action)
             stats.timed("env_step", tick)
             stats.step_seconds.append(time.perf_counter() - t0)
@@ -229,6 +237,7 @@ class EpisodeRunner:
             generated_texts=[t.response.text[:MAX_GENERATED_TEXT_CHARS] for t in turns],
             success=is_success(done, score),
             phase_seconds=dict(phase_seconds),
+            chain_starts=np.asarray([t.chain_start for t in turns], dtype=np.uint8),
         )
 
 
@@ -470,12 +479,13 @@ class EnvWorker:
                 report_s = time.perf_counter() - report_s
                 self._record(episode)
                 log.info(
-                    "episode %s %s/%d mode=%s turns=%d score=%.0f success=%s versions=%s (%.1fs)",
+                    "episode %s %s/%d mode=%s turns=%d chains=%d score=%.0f success=%s versions=%s (%.1fs)",
                     short_id(trajectory.episode_id),
                     trajectory.task,
                     trajectory.variation,
                     trajectory.mode,
                     trajectory.num_turns,
+                    episode.stats.chains,
                     trajectory.score,
                     trajectory.success,
                     sorted(set(trajectory.policy_versions.tolist())),
@@ -541,6 +551,7 @@ class EnvWorker:
         m.episodes_success.labels(trajectory.mode).inc(int(trajectory.success))
         m.env_steps.inc(trajectory.num_turns)
         m.invalid_actions.inc(stats.invalid_actions)
+        m.chains.inc(stats.chains)
         m.memory_fallbacks.inc(stats.memory_fallbacks)
         m.tips_shown.inc(stats.tips_shown)
         m.last_score.set(trajectory.score)

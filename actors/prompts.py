@@ -1,22 +1,30 @@
-"""Prompt construction for actions: the reference's prompt (adapted from RLVMR) as a chat.
+"""Prompt construction for actions: the reference's prompt (adapted from RLVMR) as a chat, built
+token-in/token-out.
 
   system     instructions, the task, one expert demonstration of the same task (the gold actions
              of another *training* variation), the action templates of the env
   user       the state at turn 0 (+ the tip block shown at that turn)
-  assistant  the action taken at turn 0
-  ...        one user/assistant pair per past turn; each user turn keeps the tips it was shown
+  assistant  the response of turn 0, its tokens exactly as the policy server generated them
+  ...        one user/assistant pair per past turn; each user turn keeps the tips it was shown, and
+             says which action was executed when the env mapped the response to another one
   user       the current state (+ its tip block), then the generation prompt
 
-The episode is kept whole up to a token budget: past the budget the oldest turns go first (the
-first user turn left says how many are not shown); the current turn always stays, and so does the
-system part, except for the demonstration when even the prompt without any past turn is over the
-budget (a task whose gold sequence is long: measured 2450 tokens against a 2048-token context).
+An episode is one chain (Chat): turn t+1's prompt is turn t's prompt, its response tokens, the chat
+template's end of that turn (its first token left out when the response already ends with it, as
+a response that stopped at the end-of-sequence token does) and the new user turn. Nothing of the
+past is rendered or tokenised again, so the learner scores each chain once (learner.packing) and
+what the model wrote stays what it reads. Past the token budget half of the past turns shown go
+at once (the first user turn left says how many are not shown) and a new chain starts; it starts
+again only when the budget is reached again. The system part always stays, except for the
+demonstration when even the prompt without any past turn is over the budget (a task whose gold
+sequence is long: measured 2450 tokens against a 2048-token context). history_window N > 0 shows
+the last N turns only, so past N turns every turn starts a chain.
 
-The prompt is tokenised here, in segments split at the end of every user turn, so the exact token
-positions of every tip block are known: the trajectory records them (tip_spans, possibly several
-per turn's prompt) and the learner deletes them for the off-policy update; deleting them all gives
-exactly the prompt built without tips. Because the policy server receives these very token ids, the
-behaviour log-probs refer to exactly this tokenisation, with or without the tips.
+Each piece is tokenised on its own, so the exact token positions of every tip block are known: the
+trajectory records them (tip_spans, possibly several per turn's prompt) and the learner deletes
+them for the off-policy update; deleting them all gives exactly the prompt built without tips.
+Because the policy server receives these very token ids, the behaviour log-probs refer to exactly
+this tokenisation, with or without the tips.
 """
 
 from __future__ import annotations
@@ -31,7 +39,6 @@ INSTRUCTIONS = (
     "one action per turn. Answer with the action only."
 )
 TIP_HEADER = "Here are some memories you collected in your previous exploration:"
-_TIP_SLOT = "\x00TIP\x00"  # ends every user turn while the chat template is rendered: the tip block goes there
 
 
 def format_tip_block(tips: list[str]) -> str:
@@ -60,20 +67,23 @@ class TaskContext:
 
 @dataclass
 class ChatTurn:
-    """A past turn as its prompt showed it: the state, the tips shown with it, the action taken."""
+    """A past turn as the chain holds it: its user turn (the state, the tips shown with it, the note
+    on the action executed the turn before) and the response tokens exactly as generated."""
 
     state: str
     tips: list[str]
-    action: str
+    response_ids: np.ndarray  # int32 [T]
+    note: str = ""
 
 
 @dataclass
 class BuiltPrompt:
     token_ids: np.ndarray  # int32 [P]
     tip_spans: list[tuple[int, int]]  # [start, end) token positions of every tip block in the prompt
-    text: str
+    text: str  # what the model reads: the tokens decoded
     turns_dropped: int = 0  # oldest past turns left out to fit the token budget (or history_window)
     demonstration_dropped: bool = False  # left out because even without past turns it did not fit
+    chain_start: bool = True  # does not extend the previous prompt and response (Trajectory.chain_starts)
 
 
 def system_message(ctx: TaskContext) -> str:
@@ -93,6 +103,35 @@ def system_message(ctx: TaskContext) -> str:
     return "\n\n".join(parts)
 
 
+def executed_note(action: str) -> str:
+    """The next user turn's opening when the env executed `action` instead of what the model wrote."""
+    return f"(Not a valid action; executed instead: {action})\n"
+
+
+class ChatTemplate:
+    """The model's chat template as the fixed strings around the contents, found by rendering one
+    with markers: [system open] system [system end, user open] user [user end, assistant open]
+    response [assistant end, user open] ... The prompt is built from these pieces."""
+
+    def __init__(self, tokenizer):
+        marks = {"system": "\x00S\x00", "user": "\x00U\x00", "assistant": "\x00A\x00"}
+        text = tokenizer.apply_chat_template(
+            [{"role": r, "content": marks[r]} for r in ("system", "user", "assistant", "user")],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        self.system_open, rest = text.split(marks["system"])
+        self.system_end, rest = rest.split(marks["user"], 1)
+        self.user_end, rest = rest.split(marks["assistant"])
+        self.turn_end, generation = rest.split(marks["user"])
+        if generation != self.user_end or not self.turn_end:
+            raise ValueError(
+                "the chat template does not close a user turn the same way before a response and before "
+                f"the generation prompt ({self.user_end!r} vs {generation!r}): a token-in/token-out chat "
+                "needs it to"
+            )
+
+
 class PromptBuilder:
     """token_budget: the prompt's token limit (env_actor.prompt_token_budget, resolved against the
     policy server's context); history_window: 0 = every past turn, N = the last N only."""
@@ -102,65 +141,110 @@ class PromptBuilder:
         self.history_window = history_window
         self.token_budget = token_budget
         self.max_observation_chars = max_observation_chars
+        self.template = ChatTemplate(tokenizer)
+        self._turn_end = np.asarray(self._encode(self.template.turn_end), np.int32)
+        self._user_end = self._encode(self.template.user_end)
 
-    def build(self, ctx: TaskContext, past: list[ChatTurn], state: str, tips: list[str]) -> BuiltPrompt:
-        """The prompt of the current turn: the fewest oldest past turns left out that fit the budget.
-        If even no past turn fits, the demonstration goes too and the turns are fitted again without
-        it; if that does not fit either, the prompt goes as it is (the server refuses it)."""
-        prompt = self._fit(ctx, past, state, tips)
-        if len(prompt.token_ids) <= self.token_budget or ctx.demonstration is None:
-            return prompt
-        prompt = self._fit(dataclasses.replace(ctx, demonstration=None), past, state, tips)
-        prompt.demonstration_dropped = True
-        return prompt
+    def chat(self, ctx: TaskContext) -> Chat:
+        """The prompts of one episode of `ctx`."""
+        return Chat(self, ctx)
 
-    def _fit(self, ctx: TaskContext, past: list[ChatTurn], state: str, tips: list[str]) -> BuiltPrompt:
-        """The prompt with the fewest oldest past turns left out that fits the budget (all of them
-        left out if none fits)."""
-        shown = past[-self.history_window :] if self.history_window > 0 else list(past)
-        windowed = len(past) - len(shown)
-        prompt = self._render(ctx, shown, state, tips, windowed)
-        if len(prompt.token_ids) <= self.token_budget or not shown:
-            return prompt
-        low, high = 0, len(shown)  # the smallest number of turns to drop lies in (low, high]
-        best = None  # the rendering that drops `high` turns, once one fits
-        while high - low > 1:  # fewer turns, fewer tokens: bisect
-            mid = (low + high) // 2
-            candidate = self._render(ctx, shown[mid:], state, tips, windowed + mid)
-            if len(candidate.token_ids) <= self.token_budget:
-                high, best = mid, candidate
-            else:
-                low = mid
-        return best or self._render(ctx, [], state, tips, windowed + len(shown))
+    def build(self, ctx: TaskContext, past: list[ChatTurn], state: str, tips: list[str], note: str = "") -> BuiltPrompt:
+        """The prompt after `past` (a chat that went through those turns), for one-off prompts."""
+        chat = Chat(self, ctx)
+        chat.past = list(past)
+        return chat.prompt(state, tips, note)
 
-    def _render(
-        self, ctx: TaskContext, shown: list[ChatTurn], state: str, tips: list[str], dropped: int
+    def past_turn(self, state: str, tips: list[str], response_text: str, note: str = "") -> ChatTurn:
+        """A past turn whose response is given as text (a recorded episode's action), tokenised."""
+        return ChatTurn(state, tips, np.asarray(self._encode(response_text), np.int32), note)
+
+    def turn_end(self, response_ids: np.ndarray) -> np.ndarray:
+        """What follows a response in the chain: the template's end of the assistant turn and the next
+        user turn's opening, less its first token when the response already ends with it (a response
+        that stopped at the end-of-sequence token holds it, as vLLM returns it)."""
+        if len(response_ids) and response_ids[-1] == self._turn_end[0]:
+            return self._turn_end[1:]
+        return self._turn_end
+
+    def render(
+        self, ctx: TaskContext, shown: list[ChatTurn], dropped: int, state: str, tips: list[str], note: str
     ) -> BuiltPrompt:
-        users = [self._state(t.state) for t in shown] + [self._state(state)]
-        if dropped:
-            users[0] = f"({dropped} earlier steps are not shown.)\n{users[0]}"
-        blocks = [format_tip_block(t.tips) if t.tips else "" for t in shown] + [format_tip_block(tips) if tips else ""]
-        messages = [{"role": "system", "content": system_message(ctx)}]
-        for i, user in enumerate(users):
-            messages.append({"role": "user", "content": user + _TIP_SLOT})
-            if i < len(shown):
-                messages.append({"role": "assistant", "content": shown[i].action})
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        segments = text.split(_TIP_SLOT)
-        assert len(segments) == len(blocks) + 1, "a state or tip contains the tip slot marker"
-        ids: list[int] = []
+        """The prompt: the system part, the `shown` past turns (`dropped` earlier ones not shown), the
+        current user turn and the generation prompt, piece by piece."""
+        t = self.template
+        ids = self._encode(t.system_open + system_message(ctx) + t.system_end)
         spans: list[tuple[int, int]] = []
-        for i, segment in enumerate(segments):
-            if i > 0 and blocks[i - 1]:
-                tip_ids = self._encode(blocks[i - 1])
+        users = [(turn.note + self._state(turn.state), turn.tips) for turn in shown] + [
+            (note + self._state(state), tips)
+        ]
+        if dropped:
+            users[0] = (f"({dropped} earlier steps are not shown.)\n{users[0][0]}", users[0][1])
+        for k, (content, turn_tips) in enumerate(users):
+            ids += self._encode(content)
+            if turn_tips:
+                tip_ids = self._encode(format_tip_block(turn_tips))
                 spans.append((len(ids), len(ids) + len(tip_ids)))
                 ids += tip_ids
-            ids += self._encode(segment)
-        rendered = "".join(s + (blocks[i] if i < len(blocks) else "") for i, s in enumerate(segments))
-        return BuiltPrompt(np.asarray(ids, dtype=np.int32), spans, rendered, dropped)
+            ids += self._user_end
+            if k < len(shown):
+                response = shown[k].response_ids
+                ids += response.tolist() + self.turn_end(response).tolist()
+        token_ids = np.asarray(ids, dtype=np.int32)
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return BuiltPrompt(token_ids, spans, text, dropped, demonstration_dropped=False)
 
     def _state(self, state: str) -> str:
         return state.strip()[: self.max_observation_chars]
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+
+class Chat:
+    """One episode's prompts, each extending the one before token for token (the chain) until the
+    budget or the history window makes it start over with fewer past turns: prompt() for the
+    current turn, then answered() with its response."""
+
+    def __init__(self, builder: PromptBuilder, ctx: TaskContext):
+        self.builder, self.ctx = builder, ctx
+        self.past: list[ChatTurn] = []
+        self.first_shown = 0  # past turns before this one are left out
+        self.demonstration = ctx.demonstration is not None
+        self._extended: np.ndarray | None = None  # the last prompt, its response and the turn's end
+        self._pending = np.zeros(0, np.int32)  # the prompt awaiting its response
+
+    def prompt(self, state: str, tips: list[str], note: str = "") -> BuiltPrompt:
+        """The current turn's prompt: the chain so far and this user turn. Past the budget, half of
+        the past turns shown go at once (again while it does not fit); past it without any, the
+        demonstration goes and the turns are fitted again; if even that does not fit, the prompt
+        goes as it is (the server refuses it)."""
+        b = self.builder
+        if b.history_window > 0:
+            self.first_shown = max(self.first_shown, len(self.past) - b.history_window)
+        prompt = self._render(state, tips, note)
+        while len(prompt.token_ids) > b.token_budget and (self.first_shown < len(self.past) or self.demonstration):
+            if self.first_shown < len(self.past):
+                self.first_shown += max(1, (len(self.past) - self.first_shown + 1) // 2)
+            else:  # nothing left to drop but the demonstration: without it, fit the turns again from the start
+                self.demonstration = False
+                self.first_shown = max(0, len(self.past) - b.history_window) if b.history_window > 0 else 0
+            prompt = self._render(state, tips, note)
+        head = self._extended
+        prompt.chain_start = head is None or not (
+            len(prompt.token_ids) >= len(head) and np.array_equal(prompt.token_ids[: len(head)], head)
+        )
+        self._pending = prompt.token_ids
+        return prompt
+
+    def answered(self, state: str, tips: list[str], note: str, response_ids: np.ndarray) -> None:
+        """The turn just prompted (its state, tips and note, as passed to prompt()) got this response."""
+        response_ids = np.asarray(response_ids, dtype=np.int32)
+        self.past.append(ChatTurn(state, tips, response_ids, note))
+        self._extended = np.concatenate([self._pending, response_ids, self.builder.turn_end(response_ids)])
+
+    def _render(self, state: str, tips: list[str], note: str) -> BuiltPrompt:
+        ctx = self.ctx if self.demonstration else dataclasses.replace(self.ctx, demonstration=None)
+        prompt = self.builder.render(ctx, self.past[self.first_shown :], self.first_shown, state, tips, note)
+        prompt.demonstration_dropped = self.ctx.demonstration is not None and not self.demonstration
+        return prompt

@@ -304,11 +304,11 @@ def prompt_builder(cfg: PipelineConfig):
 def build_prompts(builder, decisions: list[Decision], limit: int, seed: int) -> list[np.ndarray]:
     """The actors' chat prompts of the recorded decisions, without the demonstration and the action
     templates (the env-alone stage does not load gold paths)."""
-    from actors.prompts import ChatTurn, TaskContext
+    from actors.prompts import TaskContext
 
     picked = random.Random(seed).sample(decisions, min(limit, len(decisions)))
     return [
-        builder.build(TaskContext(d.task), [ChatTurn(s, [], a) for s, a in d.history], d.state, []).token_ids
+        builder.build(TaskContext(d.task), [builder.past_turn(s, [], a) for s, a in d.history], d.state, []).token_ids
         for d in picked
     ]
 

@@ -146,14 +146,12 @@ class Prompt:
 
 def build_prompts(builder, ctx, ep: Recorded, e: int, variant: str) -> list[Prompt]:
     """Every turn's prompt as EpisodeRunner.play builds it (no tips)."""
-    from actors.prompts import ChatTurn
-
     past, prompts = [], []
     for t, (state, action) in enumerate(zip(ep.states, ep.actions)):
         t0 = time.perf_counter()
         built = builder.build(ctx, past, state, [])
         prompts.append(Prompt(e, t, variant, built.token_ids, time.perf_counter() - t0, built.turns_dropped))
-        past.append(ChatTurn(state, [], action))
+        past.append(builder.past_turn(state, [], action))
     return prompts
 
 

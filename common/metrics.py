@@ -129,6 +129,9 @@ class EnvActorMetrics(RoleMetrics):
         )
         self.env_steps = self._counter("env_steps", "Environment steps taken")
         self.invalid_actions = self._counter("invalid_actions_mapped", "Generated actions mapped to a valid one")
+        self.chains = self._counter(
+            "prompt_chains", "Prompts that start a token chain (turn 0, history trims): the learner's sequences"
+        )
         self.memory_fallbacks = self._counter(
             "memory_fallbacks", "Turns that went without tips because memory was unreachable"
         )

@@ -28,6 +28,16 @@ class LowProbMask(Choice):
     off = "off"
 
 
+class Packing(Choice):
+    """How the turn samples of a batch are laid out for the forward passes (learner/step.py); every
+    one scores each turn's response on the same prompt, so the step is the same (up to float
+    rounding), only its cost differs (benchmarks/learner_throughput.py)."""
+
+    turn = "turn"  # one sequence per turn: its whole prompt again (an episode of T turns costs ~T prompts)
+    episode = "episode"  # one sequence per chain of turns (Trajectory.chain_starts): each episode scored once
+    group = "group"  # episode, and sequences with a common prefix (a group's system part) share it in one row
+
+
 class IntrinsicKind(Choice):
     count = "count"  # r_int = coef / (n + 1), n memories retrieved, tip modes only (the paper)
     rnd = "rnd"  # r_int = coef * RND error / running std, every mode (Figure 11's alternative; learner/rnd.py)
@@ -68,8 +78,9 @@ class LearnerConfig:
     # batch (policy version), and the policy version rises by one per batch
     mini_batch_samples: int = 128
     update_epochs: int = 1  # passes over each batch, reshuffled per pass (the reference: 1)
-    # padded tokens per forward pass: samples sorted by length, batched up to this; 1 = one at a time
+    # padded tokens per forward pass: rows sorted by length, batched up to this; 1 = one at a time
     micro_batch_tokens: int = 4096
+    packing: Packing = Packing.group  # turn | episode | group: how turns are laid out in the forwards
     # r of LoRA adapters (peft) on lora_targets; 0 = full fine-tuning. Only adapters train and are pushed
     lora_rank: int = 0
     lora_alpha: float = 16.0  # LoRA scale = alpha / r

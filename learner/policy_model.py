@@ -2,21 +2,30 @@
 
 The vocabulary projection is applied to the response positions alone: over a ~500-token prompt
 and a ≤32-token response that avoids >90% of the lm_head work and of the [L, V] logits memory.
-Several (prompt, response) sequences are scored as one right-padded batch (learner/train.py
-forms the micro-batches).
+
+What one forward scores (learner/step.py forms them): a batch of rows, right-padded; a row is one
+or more token sequences, each with the spans (its turns' responses) to score. A row of one
+sequence is a plain causal row. A row of several lays out their longest common prefix once and
+then each sequence's remainder as a branch that attends to the prefix and to itself only, at the
+positions it has in its own sequence: every scored row is then exactly what the sequence's own
+forward gives, with the shared prefix (a group's system part and first turns) computed once.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 
 def load_policy(model_path: str, device: str | torch.device):  # the learner's resolved device
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+    # SDPA takes the boolean 4D mask of a shared-prefix row (eager attention adds float masks only)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa")
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    return model, tokenizer
+    return model.to(device), tokenizer
 
 
 class ResponseScorer(torch.nn.Module):
@@ -28,34 +37,103 @@ class ResponseScorer(torch.nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """[B, L] ids and mask, [N] rows of the flattened [B*L] positions -> [N, V] log-softmax."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        rows: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """[B, L] ids, a [B, L] padding mask or a [B, 1, L, L] boolean attention mask, [N] rows of
+        the flattened [B*L] positions -> [N, V] log-softmax."""
         hidden = self.lm.get_decoder()(
-            input_ids=input_ids, attention_mask=attention_mask
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
         ).last_hidden_state  # [B, L, H]
         logits = self.lm.get_output_embeddings()(hidden.flatten(0, 1)[rows]).float()  # [N, V]
         return torch.log_softmax(logits, dim=-1)
 
 
-def batch_log_softmax(model, prompts: list[torch.Tensor], responses: list[torch.Tensor]) -> torch.Tensor:
-    """log πθ(· | prompt_b, response_b,<t) over the vocabulary at every response position of every
-    sequence b, concatenated in order: [ΣT_b, V]. `model` is a ResponseScorer or a plain HF LM.
+@dataclass
+class Scored:
+    """A token sequence and the spans of it whose tokens are scored: (start, length) each, a
+    turn's response inside its segment's chain (learner/step.py)."""
 
-    The sequences run as one right-padded batch. Under causal attention a position never attends
-    to the padding after it, so each sequence's rows equal its own unpadded forward.
-    """
+    tokens: np.ndarray  # int [L]
+    spans: list[tuple[int, int]]
+
+    def targets(self) -> np.ndarray:
+        """[ΣT] the scored tokens, span after span."""
+        return np.concatenate([self.tokens[s : s + n] for s, n in self.spans] or [np.zeros(0, self.tokens.dtype)])
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n
+
+
+@dataclass
+class _Row:
+    tokens: np.ndarray  # [W] the prefix once, then every branch
+    positions: np.ndarray  # [W] each token's position in its own sequence
+    branch: np.ndarray  # [W] 0 = the shared prefix, b >= 1 = the b-th sequence's remainder
+    rows: np.ndarray  # [ΣT] flat positions whose hidden state predicts each scored token
+
+
+def layout_row(seqs: list[Scored]) -> _Row:
+    """One row of the batch: the sequences' longest common prefix once (none for a single sequence),
+    then each one's remainder. The hidden state at position j predicts token j+1, so a span
+    (start, n) is predicted at positions start-1 .. start+n-2 of its sequence, in the prefix or in
+    its branch."""
+    shared = 0 if len(seqs) == 1 else min(common_prefix(seqs[0].tokens, s.tokens) for s in seqs[1:])
+    tokens, positions, branch, rows = [seqs[0].tokens[:shared]], [np.arange(shared)], [np.zeros(shared, int)], []
+    offset = shared
+    for b, seq in enumerate(seqs, start=1):
+        rest = len(seq.tokens) - shared
+        tokens.append(seq.tokens[shared:])
+        positions.append(np.arange(shared, len(seq.tokens)))
+        branch.append(np.full(rest, b))
+        for start, n in seq.spans:
+            q = np.arange(start - 1, start + n - 1)
+            rows.append(np.where(q < shared, q, offset + q - shared))
+        offset += rest
+    return _Row(np.concatenate(tokens), np.concatenate(positions), np.concatenate(branch), np.concatenate(rows))
+
+
+def row_length(seqs: list[Scored]) -> int:
+    """Tokens of the row the sequences make (layout_row): the shared prefix counted once."""
+    if len(seqs) == 1:
+        return len(seqs[0].tokens)
+    shared = min(common_prefix(seqs[0].tokens, s.tokens) for s in seqs[1:])
+    return shared + sum(len(s.tokens) - shared for s in seqs)
+
+
+def batch_log_softmax(model, batch: list[list[Scored]]) -> torch.Tensor:
+    """log πθ(· | the tokens before) at every scored position of every row's sequences, in order
+    (row, sequence, span, token): [ΣT, V]. `model` is a ResponseScorer or a plain HF LM.
+
+    The rows run as one right-padded batch. Under causal attention a position never attends to the
+    padding after it, so each row equals its own unpadded forward; a row with a shared prefix gets a
+    [B, 1, L, L] mask in which a branch sees the prefix and itself, at its own sequence's positions."""
     scorer = model if isinstance(model, ResponseScorer) else ResponseScorer(model)
-    lengths = [p.numel() + r.numel() for p, r in zip(prompts, responses)]
-    width = max(lengths)
-    input_ids = prompts[0].new_zeros(len(prompts), width)  # [B, L]
-    attention_mask = torch.zeros_like(input_ids)
-    rows = []
-    for b, (prompt, response) in enumerate(zip(prompts, responses)):
-        input_ids[b, : lengths[b]] = torch.cat([prompt, response])
-        attention_mask[b, : lengths[b]] = 1
-        # the hidden state at position j predicts token j+1: positions P-1 .. P+T-2 predict the response
-        rows.append(torch.arange(prompt.numel() - 1, lengths[b] - 1, device=input_ids.device) + b * width)
-    return scorer(input_ids, attention_mask, torch.cat(rows))
+    device = next(scorer.parameters()).device
+    laid = [layout_row(seqs) for seqs in batch]
+    width = max(len(r.tokens) for r in laid)
+    input_ids = torch.zeros(len(laid), width, dtype=torch.long)
+    branch = torch.full((len(laid), width), -1, dtype=torch.long)  # -1: padding
+    positions = torch.zeros(len(laid), width, dtype=torch.long)
+    for b, r in enumerate(laid):
+        input_ids[b, : len(r.tokens)] = torch.from_numpy(r.tokens.astype(np.int64))
+        branch[b, : len(r.tokens)] = torch.from_numpy(r.branch)
+        positions[b, : len(r.tokens)] = torch.from_numpy(r.positions)
+    rows = torch.from_numpy(np.concatenate([r.rows + b * width for b, r in enumerate(laid)]))
+    if all(len(seqs) == 1 for seqs in batch):
+        return scorer(input_ids.to(device), (branch >= 0).long().to(device), rows.to(device))
+    key, query = branch[:, None, :], branch[:, :, None]  # [B, 1, L] and [B, L, 1]
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    allowed = causal & (key >= 0) & ((key == 0) | (key == query))
+    allowed |= torch.eye(width, dtype=torch.bool)  # a padding query sees itself (no empty softmax row)
+    return scorer(input_ids.to(device), allowed[:, None].to(device), rows.to(device), positions.to(device))
 
 
 def token_logprobs(log_softmax: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -65,4 +143,5 @@ def token_logprobs(log_softmax: torch.Tensor, tokens: torch.Tensor) -> torch.Ten
 
 def response_logprobs(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor) -> torch.Tensor:
     """log πθ(response_t | prompt, response_<t) for each response token of one sequence: [T]."""
-    return token_logprobs(batch_log_softmax(model, [prompt_ids], [response_ids]), response_ids)
+    seq = Scored(torch.cat([prompt_ids, response_ids]).cpu().numpy(), [(prompt_ids.numel(), response_ids.numel())])
+    return token_logprobs(batch_log_softmax(model, [[seq]]), response_ids)

@@ -3,6 +3,10 @@
 Each turn is one sample: (prompt at that turn, its ≤32-token response). For the off-policy mode
 the tips are cut out of the prompt at the token level (the spans the actor recorded), so the
 learner scores log πθ(a | s) while the behaviour log-prob stays log πθold(a | s, tips).
+
+A sample that `continues` the one before it (the same episode's previous turn, whose prompt and
+response its prompt starts with: Trajectory.chain_starts) is scored in the same sequence as that
+turn when learner.packing is episode or group (learner/step.py): the chain is scored once.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ class TurnSample:
     mode: str
     policy_version: int  # version that generated the response
     with_tips: bool  # the rollout showed tips in this turn's prompt
+    # the previous sample's update prompt + response is a prefix of this one's update prompt (and so is its
+    # tip-free prompt + response of this tip-free prompt): the two are scored in one sequence when packed
+    continues: bool = False
 
     @property
     def update_is_behaviour_prompt(self) -> bool:
@@ -108,6 +115,7 @@ def build_samples(
                         mode=traj.mode,
                         policy_version=int(traj.policy_versions[i]),
                         with_tips=bool(spans) and traj.mode in TIP_MODES,
+                        continues=not traj.chain_starts[i],
                     )
                 )
     return samples

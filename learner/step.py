@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from learner import distributed
-from learner.config import LearnerConfig
+from learner.config import LearnerConfig, Packing
 from learner.loss import ClipConfig, clipped_policy_loss, entropy, kl_k3, low_probability_mask, mask_subject
-from learner.policy_model import batch_log_softmax, token_logprobs
+from learner.policy_model import Scored, batch_log_softmax, common_prefix, row_length, token_logprobs
 from learner.samples import TurnSample
 from protocol.messages import MODES, ON_POLICY, ON_POLICY_TIPS
 
@@ -177,9 +177,9 @@ class StepStats:
 
 
 def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
-    """Bucketing: sequence indices sorted by length and grouped so that each right-padded
-    micro-batch holds at most `budget` tokens (its size times its longest length); a sequence
-    longer than the budget goes alone, so budget 1 scores one sequence at a time."""
+    """Bucketing: row indices sorted by length and grouped so that each right-padded micro-batch
+    holds at most `budget` tokens (its size times its longest length); a row longer than the
+    budget goes alone, so budget 1 scores one row at a time."""
     batches: list[list[int]] = []
     for i in sorted(range(len(lengths)), key=lengths.__getitem__):
         if batches and (len(batches[-1]) + 1) * lengths[i] <= budget:  # sorted: i is the longest so far
@@ -201,49 +201,117 @@ _PAD = TurnSample(
     -1,
     False,
 )
-
-
-def score_without_grad(model, pairs: list[tuple[np.ndarray, np.ndarray]], budget: int) -> list[torch.Tensor]:
-    """[T_j] log-probs of each (prompt, response) pair under `model`, in micro-batches, no graph."""
-    device = next(model.parameters()).device
-    out: list[torch.Tensor] = [torch.empty(0)] * len(pairs)
-    with torch.no_grad():
-        for mb in distributed.synced(micro_batches([len(p) + len(r) for p, r in pairs], budget)):
-            batch = [pairs[j] for j in mb] or [(_PAD.update_prompt, _PAD.response)]
-            prompts, responses = [_ids(p, device) for p, _ in batch], [_ids(r, device) for _, r in batch]
-            logp = token_logprobs(batch_log_softmax(model, prompts, responses), torch.cat(responses))
-            for j, lp in zip(mb, logp.split([r.numel() for r in responses])):
-                out[j] = lp
-    return out
+# a row shares its sequences' common prefix only when it is at least this long: below it the saving is
+# smaller than what the [B, 1, L, L] mask costs (every sequence shares the chat template's first tokens)
+MIN_SHARED_PREFIX = 32
 
 
 def _ids(tokens: np.ndarray, device) -> torch.Tensor:
     return torch.from_numpy(tokens.astype(np.int64)).to(device)
 
 
-def _length(s: TurnSample) -> int:
-    return len(s.update_prompt) + len(s.response)
+def _extends(before: TurnSample, after: TurnSample) -> bool:
+    """`after`'s update prompt (and tip-free prompt) starts with `before`'s and its response."""
+
+    def starts_with(prompt: np.ndarray, head: np.ndarray) -> bool:
+        return len(prompt) >= len(head) and np.array_equal(prompt[: len(head)], head)
+
+    return starts_with(after.update_prompt, np.concatenate([before.update_prompt, before.response])) and starts_with(
+        after.tipfree_prompt, np.concatenate([before.tipfree_prompt, before.response])
+    )
 
 
-def rank_share(samples: list[TurnSample], indices: list[int] | None = None) -> list[int]:
-    """This rank's share of samples[indices] (all of them by default), as indices into `samples`:
-    every world_size-th by length (all of them in a single process), sorted by length."""
-    order = sorted(range(len(samples)) if indices is None else indices, key=lambda i: _length(samples[i]))
-    return order[distributed.rank() :: distributed.world_size()]
+def segments(samples: list[TurnSample], packing: Packing | str) -> list[list[int]]:
+    """The samples scored in one sequence each (learner.packing): every sample alone (turn), or each
+    run of samples that continue one another (episode, group). A `continues` sample whose prompts do
+    not extend the previous one's starts a segment of its own (the replay buffer's validation
+    already refuses such a trajectory: Trajectory.extends_previous)."""
+    out: list[list[int]] = []
+    for i, s in enumerate(samples):
+        if packing != Packing.turn and s.continues and out and _extends(samples[out[-1][-1]], s):
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
 
 
-def mini_batch_plan(num_samples: int, size: int, epochs: int, seed: int | None, version: int) -> list[list[int]]:
-    """The sample indices of each optimizer step of one batch (learner.mini_batch_samples = `size`,
-    learner.update_epochs = `epochs`): per epoch, the batch shuffled and split into
-    ceil(num_samples / size) mini-batches of near-equal sizes (numpy's array_split); size 0, or one
-    at least the batch, is one step per epoch over the whole batch (its order does not matter then).
-    The shuffle is seeded by (seed, version): reproducible, and the same on every rank."""
-    steps = 1 if size == 0 else max(1, -(-num_samples // size))
+def chain(samples: list[TurnSample], tipfree: bool = False) -> Scored:
+    """The one sequence of a segment's samples (each continuing the one before): the last one's
+    update prompt (or tip-free prompt) and response, every sample's response scored where it lies."""
+    prompt = (lambda s: s.tipfree_prompt) if tipfree else (lambda s: s.update_prompt)
+    last = samples[-1]
+    tokens = np.concatenate([prompt(last), last.response])
+    return Scored(tokens, [(len(prompt(s)), len(s.response)) for s in samples])
+
+
+def rows(seqs: list[Scored], budget: int, share: bool) -> list[list[int]]:
+    """The sequences as rows of a forward batch, each a list of indices into `seqs`: one each, or
+    with `share` (learner.packing=group) sequences with a common prefix of at least
+    MIN_SHARED_PREFIX tokens in one row, as long as the row stays within `budget` tokens (the prefix
+    counted once). Sorting the sequences by their tokens puts those with a common prefix together
+    (a group's episodes, and the groups of one task variation)."""
+    if not share:
+        return [[j] for j in range(len(seqs))]
+    out: list[list[int]] = []
+    for j in sorted(range(len(seqs)), key=lambda j: seqs[j].tokens.tolist()):
+        if out:
+            candidate = [seqs[k] for k in out[-1]] + [seqs[j]]
+            shared = common_prefix(seqs[out[-1][0]].tokens, seqs[j].tokens)
+            if shared >= MIN_SHARED_PREFIX and row_length(candidate) <= budget:
+                out[-1].append(j)
+                continue
+        out.append([j])
+    return out
+
+
+def score_without_grad(model, seqs: list[Scored], budget: int, share: bool = False) -> list[list[torch.Tensor]]:
+    """[T] log-probs of each span of each sequence under `model`, in micro-batches of rows, no graph."""
+    device = next(model.parameters()).device
+    out: list[list[torch.Tensor]] = [[] for _ in seqs]
+    laid = rows(seqs, budget, share)
+    lengths = [row_length([seqs[j] for j in row]) for row in laid]
+    with torch.no_grad():
+        for mb in distributed.synced(micro_batches(lengths, budget)):
+            batch = [[seqs[j] for j in laid[r]] for r in mb] or [[chain([_PAD])]]
+            targets = torch.from_numpy(np.concatenate([s.targets() for row in batch for s in row]).astype(np.int64))
+            logp = token_logprobs(batch_log_softmax(model, batch), targets.to(device))
+            parts = iter(logp.split([n for row in batch for s in row for _, n in s.spans]))
+            for j in [j for r in mb for j in laid[r]]:
+                out[j] = [next(parts) for _ in seqs[j].spans]
+    return out
+
+
+def rank_rows(samples: list[TurnSample], segs: list[list[int]], budget: int, share: bool) -> list[list[list[int]]]:
+    """This rank's rows of a mini-batch's segments: the rows (`rows`; each a list of segments, each a
+    list of sample indices) sorted by length, every world_size-th (all of them in a single process)."""
+    seqs = [chain([samples[i] for i in seg]) for seg in segs]
+    laid = rows(seqs, budget, share)
+    lengths = [row_length([seqs[j] for j in row]) for row in laid]
+    order = sorted(range(len(laid)), key=lengths.__getitem__)
+    return [[segs[j] for j in laid[k]] for k in order[distributed.rank() :: distributed.world_size()]]
+
+
+def mini_batch_plan(sizes: list[int], size: int, epochs: int, seed: int | None, version: int) -> list[list[int]]:
+    """The segment indices of each optimizer step of one batch (learner.mini_batch_samples = `size`
+    turn samples, learner.update_epochs = `epochs`), given each segment's turn samples (`sizes`):
+    per epoch, the segments shuffled and cut into ceil(samples / size) mini-batches of near-equal
+    turn samples (numpy's array_split of the samples; a segment is never split, so a mini-batch
+    takes a whole segment and the next one fewer); size 0, or one at least the batch, is one step
+    per epoch over the whole batch (its order does not matter then). The shuffle is seeded by
+    (seed, version): reproducible, and the same on every rank."""
+    total = sum(sizes)
+    steps = 1 if size == 0 else max(1, -(-total // size))
+    quotas = np.cumsum([len(part) for part in np.array_split(np.arange(total), steps)])
     rng = np.random.default_rng([(seed or 0) % 2**32, version])
     plan = []
     for _ in range(epochs):
-        order = rng.permutation(num_samples) if steps > 1 else np.arange(num_samples)
-        plan += [part.tolist() for part in np.array_split(order, steps)]
+        order = rng.permutation(len(sizes)) if steps > 1 else np.arange(len(sizes))
+        parts: list[list[int]] = [[] for _ in range(steps)]
+        filled = 0  # turn samples before segment j: it goes to the first step whose quota is not yet filled
+        for j in order.tolist():
+            parts[min(int(np.searchsorted(quotas, filled, side="right")), steps - 1)].append(j)
+            filled += sizes[j]
+        plan += [part for part in parts if part] or [[]]  # an empty batch: one (empty) pass
     return plan
 
 
@@ -268,25 +336,37 @@ class PreScores:
 
 
 def score_before_update(
-    model, ref_model, samples: list[TurnSample], budget: int, tipfree_mask: bool, proximal: bool = False
+    model,
+    ref_model,
+    samples: list[TurnSample],
+    budget: int,
+    tipfree_mask: bool,
+    proximal: bool = False,
+    segs: list[list[int]] | None = None,
+    share: bool = False,
 ) -> PreScores:
-    """The passes without grad, in micro-batches: with `tipfree_mask` (learner.low_prob_mask=tip_rollouts)
-    the tip-free prompts of the samples updated with tips, then every update prompt under the KL
-    reference, if any, and with `proximal` under the policy itself (decoupled PPO's πprox). The
-    paper's mask needs no pass of its own: it judges the update pass."""
-    tip_scored = [i for i, s in enumerate(samples) if tipfree_mask and s.with_tips and s.mode == ON_POLICY_TIPS]
-    tipfree = score_without_grad(model, [(samples[i].tipfree_prompt, samples[i].response) for i in tip_scored], budget)
-    mask_logp_min: list[float | None] = [None] * len(samples)
-    for i, lp in zip(tip_scored, tipfree):
-        mask_logp_min[i] = float(lp.min())
-    ref_logp = (
-        None
-        if ref_model is None
-        else score_without_grad(ref_model, [(s.update_prompt, s.response) for s in samples], budget)
-    )
-    proximal_logp = (
-        score_without_grad(model, [(s.update_prompt, s.response) for s in samples], budget) if proximal else None
-    )
+    """The passes without grad, packed as the update pass is (`segs`: the segments to score, each a
+    list of sample indices; default every sample alone), indexed by sample: with `tipfree_mask`
+    (learner.low_prob_mask=tip_rollouts) the tip-free chains of the segments updated with tips, then
+    every update chain under the KL reference, if any, and with `proximal` under the policy itself
+    (decoupled PPO's πprox). The paper's mask needs no pass of its own: it judges the update pass."""
+    segs = [[i] for i in range(len(samples))] if segs is None else segs
+
+    def judged_tipfree(i: int) -> bool:
+        return tipfree_mask and samples[i].with_tips and samples[i].mode == ON_POLICY_TIPS
+
+    def per_sample(scored_segs: list[list[int]], tipfree: bool, scorer) -> list:
+        out: list = [None] * len(samples)
+        seqs = [chain([samples[i] for i in seg], tipfree) for seg in scored_segs]
+        for seg, logps in zip(scored_segs, score_without_grad(scorer, seqs, budget, share)):
+            for i, lp in zip(seg, logps):
+                out[i] = lp
+        return out
+
+    tipfree = per_sample([seg for seg in segs if any(judged_tipfree(i) for i in seg)], True, model)
+    mask_logp_min = [float(lp.min()) if lp is not None and judged_tipfree(i) else None for i, lp in enumerate(tipfree)]
+    ref_logp = None if ref_model is None else per_sample(segs, False, ref_model)
+    proximal_logp = per_sample(segs, False, model) if proximal else None
     return PreScores(mask_logp_min, ref_logp, proximal_logp)
 
 
@@ -297,18 +377,24 @@ def micro_batch_loss(
     cfg: LearnerConfig,
     version: int,
     memory_in_use: bool = True,
+    layout: list[list[int]] | None = None,
 ) -> tuple[torch.Tensor, StepTotals]:
     """[N] per-token EMPO2 loss L_t of the micro-batch's kept tokens (learner/loss.py), to be summed
     and back-propagated, and the micro-batch's totals. `pre`: the samples' scores without grad
     (score_before_update). `memory_in_use`: replay_buffer.p_memory > 0, for the paper's mask.
-    No samples (a rank with no micro-batch left): a pad sample is scored, never in the loss, so
-    that every rank runs the same forwards and backwards (FSDP)."""
+    `layout`: the forward's rows, each the number of samples of each of its segments, consecutive
+    in `samples` (default: every sample its own row). Everything after the forward is per turn
+    sample, whatever the packing. No samples (a rank with no micro-batch left): a pad sample is
+    scored, never in the loss, so that every rank runs the same forwards and backwards (FSDP)."""
     device = next(model.parameters()).device
     batch = samples or [_PAD]
+    layout = layout if samples and layout is not None else [[1]] * len(batch)
+    parts = iter(batch)
+    forward_rows = [[chain([next(parts) for _ in range(n)]) for n in row] for row in layout]
     responses = [_ids(s.response, device) for s in batch]
     lengths = torch.tensor([r.numel() for r in responses], device=device)
     # log πθ(a_t | s'), s' the update prompt: with tips on-policy, tips removed off-policy (Table 3)
-    log_softmax = batch_log_softmax(model, [_ids(s.update_prompt, device) for s in batch], responses)  # [ΣT, V]
+    log_softmax = batch_log_softmax(model, forward_rows)  # [ΣT, V]
     logp = token_logprobs(log_softmax, torch.cat(responses))  # [ΣT]
     # log πθold(a_t | s, tips if shown): what the policy server sampled with
     behaviour_logp = torch.from_numpy(np.concatenate([s.behaviour_logp for s in batch])).to(device)  # [ΣT]
@@ -404,35 +490,41 @@ def train_step(
     device = next(model.parameters()).device
     timer = PhaseTimer(device) if timer is None else timer
     distributed.init(device.type)  # a plain caller gets a group of one
-    plan = mini_batch_plan(len(samples), cfg.mini_batch_samples, cfg.update_epochs, seed, version)
-    plan = [rank_share(samples, mb) for mb in plan]  # this rank's share of each mini-batch
-    mine = sorted({i for mb in plan for i in mb})  # every sample this rank updates on, scored first
-    position = {i: k for k, i in enumerate(mine)}
+    share, budget = cfg.packing == Packing.group, cfg.micro_batch_tokens
+    segs = segments(samples, cfg.packing)
+    plan = mini_batch_plan([len(seg) for seg in segs], cfg.mini_batch_samples, cfg.update_epochs, seed, version)
+    plan = [rank_rows(samples, [segs[j] for j in mb], budget, share) for mb in plan]  # this rank's rows of each
+    mine = sorted({tuple(seg) for mb in plan for row in mb for seg in row})  # every segment it updates on
     model.train()
     optimizer.zero_grad(set_to_none=True)
     with timer.phase("score"):
         pre = score_before_update(
             model,
             ref_model,
-            [samples[i] for i in mine],
-            cfg.micro_batch_tokens,
+            samples,
+            budget,
             tipfree_mask=cfg.low_prob_mask == "tip_rollouts",
             proximal=cfg.ratio == "decoupled" and len(plan) > 1,  # πprox: the weights before the first step
+            segs=[list(seg) for seg in mine],
+            share=share,
         )
     totals, steps = StepTotals(), 0
     for mini in plan:
         with timer.phase("forward_backward"):
             optimizer.zero_grad(set_to_none=True)
             mb_totals = StepTotals()
-            for micro in distributed.synced(micro_batches([_length(samples[i]) for i in mini], cfg.micro_batch_tokens)):
-                chosen = [mini[j] for j in micro]
+            lengths = [row_length([chain([samples[i] for i in seg]) for seg in row]) for row in mini]
+            for micro in distributed.synced(micro_batches(lengths, budget)):
+                chosen = [mini[j] for j in micro]  # rows of segments of sample indices
+                order = [i for row in chosen for seg in row for i in seg]
                 loss, micro_totals = micro_batch_loss(
                     model,
-                    [samples[i] for i in chosen],
-                    pre.take([position[i] for i in chosen]),
+                    [samples[i] for i in order],
+                    pre.take(order),
                     cfg,
                     version,
                     memory_in_use,
+                    layout=[[len(seg) for seg in row] for row in chosen],
                 )
                 loss.sum().backward()  # also with nothing kept: every rank runs the same backwards (FSDP)
                 mb_totals.add(micro_totals)

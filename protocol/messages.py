@@ -438,10 +438,17 @@ class Trajectory(Message):
     # memory_retrieval, prompt, and around it assignment_wait and the previous episode's memory_report):
     # the learner's metrics log sums them per step (the paper's Figure 12). Derived: {} (not measured).
     phase_seconds: dict[str, float] | None = None
+    # uint8 [turns]: 1 where turn i's prompt starts a new chain, 0 where it extends turn i-1's prompt and
+    # response token for token (actors/prompts.py), with turn i-1's tip spans as they were and any new one
+    # after that response: the learner scores such turns in one sequence (learner.packing). Always 1 at turn
+    # 0; 1 again where the actor trimmed the history. Derived: 1 on every turn (each its own sequence).
+    chain_starts: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.phase_seconds is None:
             self.phase_seconds = {}
+        if self.chain_starts is None:
+            self.chain_starts = np.ones(self.num_turns, np.uint8)
         if self.memory_retrieved is None:
             self.memory_retrieved = np.full(self.num_turns, int(self.mode in TIP_MODES), np.uint8)
         if self.generated_texts is None:
@@ -504,6 +511,23 @@ class Trajectory(Message):
             _check(0 <= turn < n, "tip span turn out of range")
             plen = int(self.prompt_offsets[turn + 1] - self.prompt_offsets[turn])
             _check(0 <= start < end <= plen, "tip span outside its prompt")
+        starts = self.chain_starts
+        _check(starts.dtype == np.uint8 and starts.shape == (n,), "chain_starts must be uint8, one per turn")
+        _check(bool(np.all(starts <= 1)) and starts[0] == 1, "chain_starts must be 0 or 1, and 1 at turn 0")
+        for i in np.flatnonzero(starts == 0).tolist():
+            _check(self.extends_previous(i), f"turn {i} is marked as extending turn {i - 1}, but does not")
+
+    def extends_previous(self, i: int) -> bool:
+        """Turn i's prompt starts with turn i-1's prompt and response, token for token; the tip spans of
+        turn i-1 are turn i's within that prefix, and turn i's others start after it (so removing the
+        tips keeps the chain a chain)."""
+        before = np.concatenate([self.turn_prompt(i - 1), self.turn_response(i - 1)])
+        prompt = self.turn_prompt(i)
+        if len(prompt) < len(before) or not np.array_equal(prompt[: len(before)], before):
+            return False
+        plen = len(self.turn_prompt(i - 1))
+        earlier = [(s, e) for s, e in self.turn_tip_spans(i) if s < len(before)]
+        return earlier == self.turn_tip_spans(i - 1) and all(e <= plen for _, e in earlier)
 
     def check(self, limits: DoorLimits) -> None:
         limits.task(self.task)

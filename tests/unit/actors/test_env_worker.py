@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from actors.env_actor import TURN_SEEDS, EnvActor, EnvWorker, EpisodeRunner
+from actors.prompts import ChatTurn
 from common.scienceworld import StepResult
 from pipeline.config import load_config
 from protocol.messages import (
@@ -81,11 +82,29 @@ class ScriptedEnv:
 
 
 class PlainPrompts:
-    """Stands in for actors.prompts.PromptBuilder: one token per tip, no tokenizer."""
+    """Stands in for actors.prompts.PromptBuilder: one token per tip, no tokenizer, every prompt a
+    chain of its own; `pasts` records the past turns each prompt followed."""
 
-    def build(self, ctx, past, state, tips):
+    def __init__(self):
+        self.contexts, self.pasts = [], []
+
+    def chat(self, ctx):
+        self.contexts.append(ctx)
+        return PlainChat(self)
+
+
+class PlainChat:
+    def __init__(self, prompts):
+        self.prompts, self.past = prompts, []
+
+    def prompt(self, state, tips, note=""):
+        self.prompts.pasts.append(list(self.past))
         ids = np.arange(4 + len(tips), dtype=np.int32)
-        return type("Prompt", (), {"token_ids": ids, "tip_spans": [(4, 4 + len(tips))] if tips else []})()
+        spans = [(4, 4 + len(tips))] if tips else []
+        return type("Prompt", (), {"token_ids": ids, "tip_spans": spans, "chain_start": True})()
+
+    def answered(self, state, tips, note, response_ids):
+        self.past.append(ChatTurn(state, tips, response_ids, note))
 
 
 @pytest.fixture
@@ -236,21 +255,11 @@ def test_the_newline_stop_is_a_config_key(servers, stop_at_newline, stop):
     assert request.stop == stop
 
 
-class RecordingPrompts(PlainPrompts):
-    def __init__(self):
-        self.contexts, self.pasts = [], []
-
-    def build(self, ctx, past, state, tips):
-        self.contexts.append(ctx)
-        self.pasts.append(list(past))
-        return super().build(ctx, past, state, tips)
-
-
 @pytest.mark.parametrize("variation, demo_variation", [(0, 1), (1, 0), (2, 0), (225, 0)])
 def test_the_demonstration_is_another_training_variation(variation, demo_variation):
     """Played variation 0: the demonstration is variation 1's gold path; any other: variation 0's;
     a test variation (225, not in the training list) also gets a training variation's."""
-    env, prompts = ScriptedEnv(turns=2), RecordingPrompts()
+    env, prompts = ScriptedEnv(turns=2), PlainPrompts()
     runner = EpisodeRunner(env, prompts, max_steps=5, demo_steps=0)
     a = Assignment(group_id="g", slot=0, task="open-door", variation=variation, mode=ON_POLICY, seed=1)
     runner.play(a, "a", lambda ids, seed: _response("open door"), lambda *q: None)
@@ -260,12 +269,14 @@ def test_the_demonstration_is_another_training_variation(variation, demo_variati
     assert ctx.demonstration.variation == demo_variation != variation
     assert ctx.demonstration.actions == ["open door", "go to hallway"]
     assert ctx.action_templates == ["open OBJ", "look around"]
-    # the past turns of the chat: (state shown, its tips, the action taken)
-    assert [(t.state, t.tips, t.action) for t in prompts.pasts[1]] == [("a hallway", [], "open door")]
+    # the past turns of the chat: (state shown, its tips, the note on the action before, the response's tokens)
+    [turn] = prompts.pasts[1]
+    assert (turn.state, turn.tips, turn.note) == ("a hallway", [], "")
+    np.testing.assert_array_equal(turn.response_ids, _response("open door").token_ids)
 
 
 def test_the_demonstration_can_be_cut_or_left_out():
-    prompts = RecordingPrompts()
+    prompts = PlainPrompts()
     a = _assignment(ON_POLICY)
     EpisodeRunner(ScriptedEnv(1), prompts, max_steps=5, demo_steps=1).play(
         a, "a", lambda ids, seed: _response("open door"), lambda *q: None

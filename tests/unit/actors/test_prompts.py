@@ -1,7 +1,8 @@
-"""PromptBuilder (actors/prompts.py) with the real tokenizer of the embedded SmolLM2 model: the
-system part (task, demonstration, templates), the episode as a chat whose user turns keep their
-tips, tip spans that cover exactly the tip blocks (several per prompt), the learner's span removal
-giving exactly the tip-free prompt, and the token budget trimming the oldest turns first."""
+"""PromptBuilder and Chat (actors/prompts.py) with the real tokenizer of the embedded SmolLM2 model:
+the system part (task, demonstration, templates), the episode as a token chain whose user turns keep
+their tips and whose responses are the generated tokens, one end-of-turn whatever the response ended
+with, tip spans that cover exactly the tip blocks (several per prompt), the learner's span removal
+giving exactly the tip-free prompt, and the token budget trimming half the history at once."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import pytest
 from actors.prompts import (
     INSTRUCTIONS,
     TIP_HEADER,
-    ChatTurn,
     Demonstration,
     PromptBuilder,
     TaskContext,
+    executed_note,
     format_tip_block,
     system_message,
 )
@@ -28,10 +29,11 @@ CTX = TaskContext(
     action_templates=["open OBJ", "go to OBJ", "focus on OBJ", "look around"],
 )
 STATE = "This room is called the kitchen. In it, you see: a counter, an apple, a fridge."
+# (state, tips, generated response text) of three past turns
 PAST = [
-    ChatTurn("This room is called the hallway.", ["Try the kitchen.", "Doors must be opened."], "open door to kitchen"),
-    ChatTurn("The door is now open.", [], "go to kitchen"),
-    ChatTurn("You move to the kitchen.", ["Apples are living things."], "look around"),
+    ("This room is called the hallway.", ["Try the kitchen.", "Doors must be opened."], "open door to kitchen"),
+    ("The door is now open.", [], "go to kitchen"),
+    ("You move to the kitchen.", ["Apples are living things."], "look around"),
 ]
 TIPS = [
     "Look in the greenhouse first; plants are living things.",
@@ -57,6 +59,19 @@ def _encode(tokenizer, text):
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def _play(builder, tokenizer, past, state, tips, ctx=CTX, eos=False):
+    """The chat through `past` (each response generated as its text, + the end-of-sequence token if
+    `eos`), then the prompt of `state`: [each turn's prompt], the chat."""
+    chat = builder.chat(ctx)
+    prompts = []
+    for turn_state, turn_tips, text in past:
+        prompts.append(chat.prompt(turn_state, turn_tips))
+        response = np.asarray(_encode(tokenizer, text) + ([tokenizer.eos_token_id] if eos else []), np.int32)
+        chat.answered(turn_state, turn_tips, "", response)
+    prompts.append(chat.prompt(state, tips))
+    return prompts, chat
+
+
 def test_format_tip_block():
     assert format_tip_block(["a.", "b."]) == f"\n<tip>{TIP_HEADER}\n1. a.\n2. b.\n</tip>"
 
@@ -72,94 +87,126 @@ def test_system_message_has_the_task_the_demonstration_and_the_templates():
     assert bare == f"{INSTRUCTIONS}\n\nTask: Do it."
 
 
-def test_without_tips_no_spans_and_ids_match_rendered_text(builder, tokenizer):
-    p = builder.build(CTX, [ChatTurn(t.state, [], t.action) for t in PAST], STATE, [])
-    assert p.tip_spans == [] and p.turns_dropped == 0
-    assert p.token_ids.dtype == np.int32 and p.token_ids.ndim == 1
-    assert p.token_ids.tolist() == _encode(tokenizer, p.text)
-    assert "<tip>" not in p.text
-    assert p.text.endswith("<|im_start|>assistant\n")  # generation prompt
+def test_the_chat_template_pieces(builder):
+    t = builder.template
+    assert (t.system_open, t.system_end) == ("<|im_start|>system\n", "<|im_end|>\n<|im_start|>user\n")
+    assert (t.user_end, t.turn_end) == ("<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>\n<|im_start|>user\n")
 
 
-def test_the_episode_is_a_chat_whose_user_turns_keep_their_tips(builder, tokenizer):
-    p = builder.build(CTX, PAST, STATE, TIPS)
-    text = p.text
+@pytest.mark.parametrize("eos", [False, True])
+def test_the_episode_is_a_chat_whose_user_turns_keep_their_tips(builder, tokenizer, eos):
+    """Whether a response stopped at a newline or at the end-of-sequence token (kept in its ids), the
+    turn ends with exactly one <|im_end|>."""
+    prompts, _ = _play(builder, tokenizer, PAST, STATE, TIPS, eos=eos)
     expected = (
         f"<|im_start|>system\n{system_message(CTX)}<|im_end|>\n"
-        f"<|im_start|>user\n{PAST[0].state}{format_tip_block(PAST[0].tips)}<|im_end|>\n"
-        f"<|im_start|>assistant\n{PAST[0].action}<|im_end|>\n"
-        f"<|im_start|>user\n{PAST[1].state}<|im_end|>\n"
-        f"<|im_start|>assistant\n{PAST[1].action}<|im_end|>\n"
-        f"<|im_start|>user\n{PAST[2].state}{format_tip_block(PAST[2].tips)}<|im_end|>\n"
-        f"<|im_start|>assistant\n{PAST[2].action}<|im_end|>\n"
+        f"<|im_start|>user\n{PAST[0][0]}{format_tip_block(PAST[0][1])}<|im_end|>\n"
+        f"<|im_start|>assistant\n{PAST[0][2]}<|im_end|>\n"
+        f"<|im_start|>user\n{PAST[1][0]}<|im_end|>\n"
+        f"<|im_start|>assistant\n{PAST[1][2]}<|im_end|>\n"
+        f"<|im_start|>user\n{PAST[2][0]}{format_tip_block(PAST[2][1])}<|im_end|>\n"
+        f"<|im_start|>assistant\n{PAST[2][2]}<|im_end|>\n"
         f"<|im_start|>user\n{STATE}{format_tip_block(TIPS)}<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
-    assert text == expected
+    p = prompts[-1]
+    assert p.text == expected and p.turns_dropped == 0
+    assert p.token_ids.dtype == np.int32 and p.token_ids.ndim == 1
     # one span per tip block shown, in order, each decoding to exactly its block
+    blocks = [format_tip_block(PAST[0][1]), format_tip_block(PAST[2][1]), format_tip_block(TIPS)]
     assert len(p.tip_spans) == 3
-    blocks = [format_tip_block(PAST[0].tips), format_tip_block(PAST[2].tips), format_tip_block(TIPS)]
     for (s, e), block in zip(p.tip_spans, blocks):
         assert tokenizer.decode(p.token_ids[s:e].tolist()) == block
         assert p.token_ids[s:e].tolist() == _encode(tokenizer, block)
-    assert [s for s, _ in p.tip_spans] == sorted(s for s, _ in p.tip_spans)
+
+
+def test_each_prompt_extends_the_last_prompt_and_response_token_for_token(builder, tokenizer):
+    prompts, chat = _play(builder, tokenizer, PAST, STATE, TIPS)
+    assert [p.chain_start for p in prompts] == [True, False, False, False]
+    for before, after, turn in zip(prompts, prompts[1:], chat.past):
+        head = np.concatenate([before.token_ids, turn.response_ids])
+        np.testing.assert_array_equal(after.token_ids[: len(head)], head)
+        # the earlier tip spans stay where they were; a new one comes after the response
+        assert after.tip_spans[: len(before.tip_spans)] == before.tip_spans
+        assert all(s >= len(head) for s, _ in after.tip_spans[len(before.tip_spans) :])
+
+
+def test_the_generated_tokens_stay_as_generated(builder, tokenizer):
+    """Token ids a re-tokenisation of the text would not give (' look' written as ' lo' + 'ok') are
+    what the next prompt holds."""
+    odd = np.asarray(_encode(tokenizer, " lo") + _encode(tokenizer, "ok around"), np.int32)
+    assert odd.tolist() != _encode(tokenizer, " look around")
+    chat = builder.chat(CTX)
+    first = chat.prompt(PAST[0][0], [])
+    chat.answered(PAST[0][0], [], "", odd)
+    second = chat.prompt(STATE, [])
+    assert not second.chain_start
+    assert second.token_ids[len(first.token_ids) : len(first.token_ids) + len(odd)].tolist() == odd.tolist()
+
+
+def test_the_next_user_turn_names_the_executed_action(builder, tokenizer):
+    chat = builder.chat(CTX)
+    chat.prompt(PAST[0][0], [])
+    chat.answered(PAST[0][0], [], "", np.asarray(_encode(tokenizer, "open the door please"), np.int32))
+    p = chat.prompt(STATE, [], executed_note("open door to kitchen"))
+    assert p.text.endswith(
+        "<|im_start|>user\n(Not a valid action; executed instead: open door to kitchen)\n"
+        f"{STATE}<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert "open the door please<|im_end|>" in p.text  # what the model wrote stays in its chat
 
 
 def test_removing_every_span_gives_exactly_the_tip_free_prompt(builder, tokenizer):
     """What the off-policy update scores: learner.samples.remove_spans with the turn's spans."""
-    with_tips = builder.build(CTX, PAST, STATE, TIPS)
-    without = builder.build(CTX, [ChatTurn(t.state, [], t.action) for t in PAST], STATE, [])
+    with_tips = _play(builder, tokenizer, PAST, STATE, TIPS)[0][-1]
+    without = _play(builder, tokenizer, [(s, [], a) for s, _, a in PAST], STATE, [])[0][-1]
     stripped = remove_spans(with_tips.token_ids, with_tips.tip_spans)
     np.testing.assert_array_equal(stripped, without.token_ids)
     rest = tokenizer.decode(stripped.tolist())
-    assert "<tip>" not in rest and TIP_HEADER not in rest and all(t not in rest for t in TIPS + PAST[0].tips)
+    assert "<tip>" not in rest and TIP_HEADER not in rest and all(t not in rest for t in TIPS + PAST[0][1])
 
 
 def test_history_window_keeps_the_last_n_turns_and_says_so(tokenizer):
-    p = PromptBuilder(tokenizer, history_window=1, token_budget=100_000).build(CTX, PAST, STATE, [])
-    assert p.turns_dropped == 2
-    assert PAST[0].state not in p.text and PAST[1].action not in p.text.split("<|im_start|>user")[-2]
-    assert f"<|im_start|>user\n(2 earlier steps are not shown.)\n{PAST[2].state}" in p.text
+    windowed = PromptBuilder(tokenizer, history_window=1, token_budget=100_000)
+    prompts, _ = _play(windowed, tokenizer, PAST, STATE, [])
+    p = prompts[-1]
+    assert p.turns_dropped == 2 and p.chain_start
+    assert [q.chain_start for q in prompts] == [True, False, True, True]  # past the window, every turn
+    chat_part = p.text.split("<|im_end|>", 1)[1]  # after the system part (whose demonstration names actions)
+    assert PAST[0][0] not in chat_part and PAST[1][2] not in chat_part and PAST[2][2] in chat_part
+    assert f"<|im_start|>user\n(2 earlier steps are not shown.)\n{PAST[2][0]}" in p.text
 
 
-def test_the_budget_drops_the_oldest_turns_first_and_never_the_system_or_current_turn(builder, tokenizer):
-    whole = builder.build(CTX, PAST, STATE, TIPS)
-    no_history = len(builder._render(CTX, [], STATE, TIPS, len(PAST)).token_ids)
-    for budget in range(len(whole.token_ids) - 1, no_history - 1, -7):
-        p = PromptBuilder(tokenizer, history_window=0, token_budget=budget).build(CTX, PAST, STATE, TIPS)
-        kept = PAST[p.turns_dropped :]
-        assert not p.demonstration_dropped
-        assert system_message(CTX) in p.text and p.text.endswith(
-            f"{STATE}{format_tip_block(TIPS)}<|im_end|>\n<|im_start|>assistant\n"
-        )
-        assert all(f"<|im_start|>assistant\n{t.action}<|im_end|>" in p.text for t in kept)
-        assert all(f"<|im_start|>assistant\n{t.action}<|im_end|>" not in p.text for t in PAST[: p.turns_dropped])
-        if p.turns_dropped < len(PAST):
-            assert len(p.token_ids) <= budget
-        if p.turns_dropped:  # the fewest turns dropped: keeping one more would not fit
-            d = p.turns_dropped - 1
-            assert len(builder._render(CTX, PAST[d:], STATE, TIPS, d).token_ids) > budget
-        # the spans still cover exactly the tip blocks kept
-        shown = [t.tips for t in kept if t.tips] + [TIPS]
-        assert [tokenizer.decode(p.token_ids[s:e].tolist()) for s, e in p.tip_spans] == [
-            format_tip_block(t) for t in shown
-        ]
-    tiny = PromptBuilder(tokenizer, history_window=0, token_budget=1).build(CTX, PAST, STATE, TIPS)
-    assert tiny.turns_dropped == len(PAST) and STATE in tiny.text  # nothing fits: the system and the current turn
-    assert tiny.demonstration_dropped and system_message(TaskContext(CTX.task, None, CTX.action_templates)) in tiny.text
+def test_past_the_budget_half_the_history_goes_at_once_and_a_new_chain_starts(builder, tokenizer):
+    long_past = [(f"Room {i}: you see a table, a chair and a door.", [], f"go to room {i + 1}") for i in range(12)]
+    whole, _ = _play(builder, tokenizer, long_past, STATE, [])
+    sizes = [len(p.token_ids) for p in whole]
+    budget = sizes[8]  # the prompt of turn 9 is the first over it
+    trimmed, _ = _play(PromptBuilder(tokenizer, 0, budget), tokenizer, long_past, STATE, [])
+    assert [p.chain_start for p in trimmed[:9]] == [True] + [False] * 8
+    assert trimmed[9].chain_start and trimmed[9].turns_dropped == 5  # half of the 9 past turns, rounded up
+    assert "(5 earlier steps are not shown.)" in trimmed[9].text
+    assert all(len(p.token_ids) <= budget for p in trimmed)
+    # after the trim the chain goes on until the budget is reached again
+    assert [p.chain_start for p in trimmed[10:]] == [False] * len(trimmed[10:])
+    assert system_message(CTX) in trimmed[-1].text and trimmed[-1].text.endswith(
+        f"{STATE}<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_a_demonstration_that_leaves_no_room_goes_and_the_turns_are_fitted_without_it(builder, tokenizer):
     """A long gold sequence (a task's demonstration was 2450 tokens against a 2048-token context):
-    past the budget even without past turns, the demonstration is left out and as many turns as fit
-    without it are kept."""
+    past the budget even without past turns, the demonstration is left out and the turns fitted again
+    without it."""
     no_demo = TaskContext(CTX.task, None, CTX.action_templates)
     long_demo = TaskContext(CTX.task, Demonstration(3, CTX.task, ["look around"] * 400), CTX.action_templates)
-    budget = len(builder.build(no_demo, PAST, STATE, TIPS).token_ids)  # the whole episode fits without it
-    assert len(builder._render(long_demo, [], STATE, TIPS, len(PAST)).token_ids) > budget
-    p = PromptBuilder(tokenizer, history_window=0, token_budget=budget).build(long_demo, PAST, STATE, TIPS)
+    budget = len(_play(builder, tokenizer, PAST, STATE, TIPS, ctx=no_demo)[0][-1].token_ids)  # fits without it
+    prompts, _ = _play(PromptBuilder(tokenizer, 0, budget), tokenizer, PAST, STATE, TIPS, ctx=long_demo)
+    p = prompts[-1]
     assert p.demonstration_dropped and p.turns_dropped == 0 and len(p.token_ids) <= budget
-    assert p.text == builder.build(no_demo, PAST, STATE, TIPS).text
+    assert p.text == _play(builder, tokenizer, PAST, STATE, TIPS, ctx=no_demo)[0][-1].text
+    tiny = PromptBuilder(tokenizer, history_window=0, token_budget=1).build(CTX, [], STATE, TIPS)
+    assert tiny.demonstration_dropped and STATE in tiny.text  # nothing fits: the system and the current turn go
 
 
 def test_observation_truncated_to_max_chars(tokenizer):

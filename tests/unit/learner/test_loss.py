@@ -268,9 +268,9 @@ def recorder(monkeypatch):
     calls = []
     real = step_mod.batch_log_softmax
 
-    def recording(model, prompts, responses):
-        calls.extend((p.numpy().copy(), torch.is_grad_enabled()) for p in prompts)
-        return real(model, prompts, responses)
+    def recording(model, batch):  # rows of scored sequences: one turn each here, its prompt before its span
+        calls.extend((seq.tokens[: seq.spans[0][0]].copy(), torch.is_grad_enabled()) for row in batch for seq in row)
+        return real(model, batch)
 
     monkeypatch.setattr(step_mod, "batch_log_softmax", recording)
     return calls

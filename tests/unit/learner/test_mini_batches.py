@@ -17,7 +17,7 @@ import learner.step as step_mod
 from learner.config import LearnerConfig
 from learner.policy_model import response_logprobs
 from learner.samples import TurnSample
-from learner.step import mini_batch_plan, rank_share, train_step
+from learner.step import mini_batch_plan, rank_rows, train_step
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
 from tests.factories import tiny_llama
 
@@ -25,23 +25,40 @@ VOCAB = 48
 
 
 def test_mini_batch_plan_by_hand():
-    plan = mini_batch_plan(10, 4, 1, seed=3, version=2)
+    plan = mini_batch_plan([1] * 10, 4, 1, seed=3, version=2)
     # ceil(10 / 4) = 3 mini-batches of near-equal sizes, together a permutation of the batch
     assert [len(mb) for mb in plan] == [4, 3, 3]
     assert sorted(i for mb in plan for i in mb) == list(range(10))
     assert plan != [list(range(4)), list(range(4, 7)), list(range(7, 10))]  # shuffled
-    assert mini_batch_plan(10, 4, 1, seed=3, version=2) == plan  # reproducible (every rank draws the same)
-    assert mini_batch_plan(10, 4, 1, seed=3, version=3) != plan  # a new shuffle per batch
-    assert mini_batch_plan(10, 4, 1, seed=4, version=2) != plan
+    assert mini_batch_plan([1] * 10, 4, 1, seed=3, version=2) == plan  # reproducible (every rank draws the same)
+    assert mini_batch_plan([1] * 10, 4, 1, seed=3, version=3) != plan  # a new shuffle per batch
+    assert mini_batch_plan([1] * 10, 4, 1, seed=4, version=2) != plan
     # 0, or a size at least the batch: one step over the whole batch, in its order
-    assert mini_batch_plan(10, 0, 1, seed=3, version=2) == [list(range(10))]
-    assert mini_batch_plan(10, 10, 1, seed=3, version=2) == [list(range(10))]
-    assert mini_batch_plan(10, 128, 2, seed=3, version=2) == [list(range(10))] * 2
+    assert mini_batch_plan([1] * 10, 0, 1, seed=3, version=2) == [list(range(10))]
+    assert mini_batch_plan([1] * 10, 10, 1, seed=3, version=2) == [list(range(10))]
+    assert mini_batch_plan([1] * 10, 128, 2, seed=3, version=2) == [list(range(10))] * 2
     # epochs: each a fresh permutation
-    two = mini_batch_plan(10, 5, 2, seed=3, version=2)
+    two = mini_batch_plan([1] * 10, 5, 2, seed=3, version=2)
     assert len(two) == 4 and all(sorted(two[e] + two[e + 1]) == list(range(10)) for e in (0, 2))
     assert two[:2] != two[2:]
-    assert mini_batch_plan(0, 128, 1, seed=None, version=0) == [[]]  # nothing: one (empty) pass
+    assert mini_batch_plan([], 128, 1, seed=None, version=0) == [[]]  # nothing: one (empty) pass
+
+
+def test_mini_batch_plan_never_splits_a_segment():
+    # segments of 3, 1, 2, 4 turn samples (10 in all), 4 per mini-batch: ceil(10 / 4) = 3 steps whose
+    # quotas are 4, 3, 3 samples (cumulative 4, 7, 10); a segment goes whole into the first step whose
+    # cumulative quota the samples before it have not filled, and a step left empty is no step
+    sizes = [3, 1, 2, 4]
+    for seed in range(20):
+        plan = mini_batch_plan(sizes, 4, 1, seed=seed, version=2)
+        order = [j for mb in plan for j in mb]
+        assert sorted(order) == [0, 1, 2, 3] and 1 <= len(plan) <= 3 and all(plan)
+        before = np.cumsum([0] + [sizes[j] for j in order])[:-1]
+        step_of = {j: k for k, mb in enumerate(plan) for j in mb}
+        first_open = [int(np.searchsorted([4, 7, 10], b, side="right")) for b in before]
+        # the steps in order of their (non-empty) first-open index
+        assert [step_of[j] for j in order] == [sorted(set(first_open)).index(k) for k in first_open]
+    assert mini_batch_plan(sizes, 0, 1, seed=3, version=2) == [[0, 1, 2, 3]]
 
 
 def _model() -> LlamaForCausalLM:
@@ -102,7 +119,7 @@ def test_k_mini_batches_take_k_steps_and_equal_stepping_on_each_in_turn():
     base = _model()
     samples = _samples(base)
     cfg = _cfg(mini_batch_samples=4)
-    plan = mini_batch_plan(len(samples), 4, 1, seed=5, version=2)
+    plan = mini_batch_plan([1] * len(samples), 4, 1, seed=5, version=2)
     assert len(plan) == 3
 
     together = copy.deepcopy(base)
@@ -134,7 +151,7 @@ def test_the_clip_fraction_is_non_zero_from_the_second_mini_batch():
     one = train_step(whole, torch.optim.AdamW(whole.parameters(), lr=0.05), samples, _cfg(mini_batch_samples=0), 0)
     assert one.optimizer_steps == 1 and one.clip_fraction == 0.0
     # in turn: the first mini-batch is unclipped, the weights then move and the second one clips
-    plan = mini_batch_plan(len(samples), 6, 1, seed=0, version=0)
+    plan = mini_batch_plan([1] * len(samples), 6, 1, seed=0, version=0)
     m = copy.deepcopy(base)
     opt = torch.optim.AdamW(m.parameters(), lr=0.05)
     first, second = (train_step(m, opt, [samples[i] for i in mb], _cfg(mini_batch_samples=0), 0) for mb in plan)
@@ -162,10 +179,11 @@ def test_with_decoupled_ppo_the_proximal_policy_is_the_one_before_the_batch(monk
     cfg = _cfg(mini_batch_samples=4, ratio="decoupled")
     model = copy.deepcopy(base)
     stats = train_step(model, torch.optim.AdamW(model.parameters(), lr=0.05), samples, cfg, version=1, seed=9)
-    plan = mini_batch_plan(len(samples), 4, 1, seed=9, version=1)
+    plan = mini_batch_plan([1] * len(samples), 4, 1, seed=9, version=1)
     assert stats.optimizer_steps == len(plan) == len(calls) == 3  # one micro-batch per mini-batch here
     for k, (mb, (logp, proximal)) in enumerate(zip(plan, calls)):
-        order = rank_share(samples, mb)  # the micro-batch's samples, by length
+        rows = rank_rows(samples, [[i] for i in mb], cfg.micro_batch_tokens, share=True)
+        order = [i for row in rows for seg in row for i in seg]  # the micro-batch's samples, row by row
         expected = torch.cat([before[i] for i in order])
         torch.testing.assert_close(proximal, expected, rtol=1e-5, atol=1e-5)  # every mini-batch: pre-batch
         if k == 0:
