@@ -208,6 +208,10 @@ class LearnerMetrics(RoleMetrics):
         )
         self.samples = self._counter("samples", "Turn samples trained on")
         self.tokens = self._counter("tokens", "Response tokens in the loss")
+        self.forward_tokens = self._counter(
+            "forward_tokens",
+            "Tokens laid out in the update pass's forwards (learner.packing: a chain once, a shared prefix once)",
+        )
         self.samples_nonfinite = self._counter(
             "samples_dropped_nonfinite", "Turn samples dropped before the step: a non-finite advantage or log-prob"
         )
@@ -258,6 +262,7 @@ class LearnerMetrics(RoleMetrics):
         self.optimizer_steps.inc(record.get("optimizer_steps", 1))
         self.samples.inc(record["samples"])
         self.tokens.inc(record["tokens"])
+        self.forward_tokens.inc(record.get("forward_tokens", 0))
         self.samples_nonfinite.inc(record.get("samples_nonfinite", 0))
         self.loss.set(record["loss"])
         self.step_seconds.observe(record["step_seconds"])

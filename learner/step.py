@@ -77,6 +77,7 @@ class StepTotals:
 
     loss: float = _summed()  # Σ L_t
     kept_tokens: int = _summed(0)  # response tokens in the loss
+    forward_tokens: int = _summed(0)  # tokens laid out in the forwards' rows (padding not counted)
     masked_samples: int = _summed(0)  # samples dropped by the low-probability mask
     masked_on_policy: int = _summed(0)  # of them, by mode
     masked_on_policy_tips: int = _summed(0)
@@ -122,6 +123,8 @@ class StepStats:
     masked_fraction_on_policy_tips: float | None
     masked_fraction_off_policy: float | None
     tokens: int
+    forward_tokens: int  # tokens the update pass forwarded (every pass and epoch), its cost: learner.packing
+    segments: int  # sequences the batch's turn samples were scored in (as many as samples under packing=turn)
     ratio_mean: float
     ratio_max: float
     clip_fraction: float
@@ -141,7 +144,13 @@ class StepStats:
 
     @classmethod
     def from_totals(
-        cls, totals: StepTotals, samples: list[TurnSample], lr: float, optimizer_steps: int = 1, passes: int = 1
+        cls,
+        totals: StepTotals,
+        samples: list[TurnSample],
+        lr: float,
+        optimizer_steps: int = 1,
+        passes: int = 1,
+        segments: int | None = None,
     ) -> StepStats:
         """The step's statistics from every rank's totals of every mini-batch: token means over the
         kept tokens (the mismatch over its own tokens); `samples` is the whole batch (every rank's),
@@ -158,6 +167,8 @@ class StepStats:
                 for mode, n in per_mode.items()
             },
             tokens=totals.kept_tokens,
+            forward_tokens=totals.forward_tokens,
+            segments=len(samples) if segments is None else segments,
             ratio_mean=totals.ratio / kept,
             ratio_max=totals.ratio_max,
             clip_fraction=totals.clipped / kept,
@@ -436,6 +447,7 @@ def micro_batch_loss(
     totals = StepTotals(
         loss=float(loss.detach().sum()),
         kept_tokens=logp.numel(),
+        forward_tokens=sum(row_length(row) for row in forward_rows) if samples else 0,
         masked_samples=kept.count(False),
         **{f"masked_{mode}": sum(not k and s.mode == mode for s, k in zip(samples, kept)) for mode in MODES},
         mismatch=sum(float(g.sum()) for g in gaps),
@@ -536,4 +548,6 @@ def train_step(
         lr = optimizer.param_groups[0]["lr"]  # the batch's: the schedule steps once per policy version
         if scheduler is not None:
             scheduler.step()
-    return StepStats.from_totals(totals, samples, lr, optimizer_steps=steps, passes=cfg.update_epochs)
+    return StepStats.from_totals(
+        totals, samples, lr, optimizer_steps=steps, passes=cfg.update_epochs, segments=len(segs)
+    )

@@ -338,13 +338,16 @@ class Learner:
         with open(self.cfg.run_path(METRICS_LOG), "a") as f:  # one line per step, for empo2-plot
             f.write(json.dumps(record) + "\n")
         log.info(
-            "step %d: loss=%.4f samples=%d (masked %d) tokens=%d optimizer_steps=%d score=%.1f ratio=%.3f clip=%.3f "
+            "step %d: loss=%.4f samples=%d (masked %d) in %d sequences tokens=%d forwarded=%d optimizer_steps=%d "
+            "score=%.1f ratio=%.3f clip=%.3f "
             "mismatch=%.2e/%.2e nats lr=%.2e step=%.1fs push=%.1fs phases: %s",
             record["step"],
             record["loss"],
             record["samples"],
             record["samples_masked"],
+            record["segments"],
             record["tokens"],
+            record["forward_tokens"],
             record["optimizer_steps"],
             record["episode_score_mean"],
             record["ratio_mean"],

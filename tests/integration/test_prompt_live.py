@@ -1,7 +1,9 @@
 """The action prompt on a live ScienceWorld (a real JVM) with the real tokenizer: the task, the
 demonstration from another *training* variation's gold path (never a test variation), the env's
-action templates, and the episode as a chat whose user turns keep their tips, with tip spans that
-cover exactly the tip text. The policy is a fixed text (the real policy's path is the e2e test's)."""
+action templates, and the episode as a token chain whose user turns keep their tips, with tip spans
+that cover exactly the tip text, whose responses are the generated tokens with one end of turn each,
+and whose next user turn names the executed action where the env mapped the response. The policy is a
+fixed text (the real policy's path is the e2e test's)."""
 
 from __future__ import annotations
 
@@ -26,15 +28,27 @@ def runner():
     runner.env.close()
 
 
-def _go(prompt_ids: np.ndarray, seed: int) -> GenerateResponse:
-    return GenerateResponse(
-        request_id="r",
-        token_ids=np.array([1], np.int32),
-        logprobs=np.array([-0.1], np.float32),
-        text="open door to hallway",
-        policy_version=0,
-        finish_reason="stop",
-    )
+# the responses of the turns as vLLM returns them: the tokens (the end-of-sequence token, or the newline
+# the stop string cut, kept in them) and the text (without the newline)
+RESPONSES = [("open door to hallway", "<|im_end|>"), ("go to the hallway please", "\n"), ("look around", "\n")]
+
+
+def _policy(tokenizer):
+    turns = iter(RESPONSES)
+
+    def generate(prompt_ids: np.ndarray, seed: int) -> GenerateResponse:
+        text, end = next(turns)
+        ids = tokenizer(text + end, add_special_tokens=False)["input_ids"]
+        return GenerateResponse(
+            request_id="r",
+            token_ids=np.array(ids, np.int32),
+            logprobs=np.full(len(ids), -0.1, np.float32),
+            text=text,
+            policy_version=0,
+            finish_reason="stop",
+        )
+
+    return generate
 
 
 def test_the_demonstration_is_another_training_variations_gold_path(runner):
@@ -67,9 +81,14 @@ def test_golden_prompt_of_a_live_episode_with_tips_on_some_turns(runner):
         return tips, len(tips)
 
     a = Assignment(group_id="g", slot=0, task=TASK, variation=0, mode=OFF_POLICY, seed=1)
-    trajectory, stats = runner.play(a, "actor-test", _go, retrieve)
+    trajectory, stats = runner.play(a, "actor-test", _policy(tokenizer), retrieve)
     trajectory.validate()
     assert trajectory.num_turns == 3 and stats.prompt_tokens == [len(trajectory.turn_prompt(i)) for i in range(3)]
+    # one chain: each prompt starts with the previous prompt and response, token for token
+    assert trajectory.chain_starts.tolist() == [1, 0, 0] and stats.chains == 1
+    for i in (1, 2):
+        head = np.concatenate([trajectory.turn_prompt(i - 1), trajectory.turn_response(i - 1)])
+        np.testing.assert_array_equal(trajectory.turn_prompt(i)[: len(head)], head)
 
     last = trajectory.turn_prompt(2)
     text = tokenizer.decode(last.tolist())
@@ -85,8 +104,16 @@ def test_golden_prompt_of_a_live_episode_with_tips_on_some_turns(runner):
     assert len(user_turns) == 3
     assert [t.split("<|im_end|>")[0].endswith(format_tip_block(shown[0])) for t in user_turns] == [True, False, False]
     assert user_turns[2].split("<|im_end|>")[0].endswith(format_tip_block(shown[2]))
-    for action in trajectory.actions[:2]:
-        assert f"<|im_start|>assistant\n{action}<|im_end|>" in text
+    # what the model wrote, as it ended (one <|im_end|> whether it stopped there or at a newline)
+    assert "<|im_start|>assistant\nopen door to hallway<|im_end|>\n<|im_start|>user\n" in text
+    assert "<|im_start|>assistant\ngo to the hallway please\n<|im_end|>\n<|im_start|>user\n" in text
+    assert "<|im_end|><|im_end|>" not in text
+    # the next user turn names the action executed where the env mapped the response to another one
+    for i in (0, 1):
+        note = f"(Not a valid action; executed instead: {trajectory.actions[i]})\n"
+        mapped = trajectory.actions[i] != RESPONSES[i][0]
+        assert user_turns[i + 1].startswith(note) == mapped
+    assert trajectory.actions[1] != RESPONSES[1][0]  # "please" is no valid action: mapped, and named
     assert user_turns[0].startswith(trajectory.observations[0].strip())
     # the spans: two in the last turn's prompt (turn 0's kept, its own), exactly the tip text
     spans = trajectory.turn_tip_spans(2)

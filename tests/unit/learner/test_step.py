@@ -24,6 +24,7 @@ from tests.factories import mixed_group, tiny_llama
 SUMS = dict(
     loss=-3.5,
     kept_tokens=7,
+    forward_tokens=40,
     masked_samples=2,
     masked_on_policy=1,
     masked_on_policy_tips=1,

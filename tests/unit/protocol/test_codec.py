@@ -785,3 +785,51 @@ def test_trajectory_fields_left_unset_are_derived():
     frames = with_body(base, lambda body: [body.pop(k) for k in ("generated_texts", "success")])
     out = decode(frames)
     assert out.generated_texts == out.actions and out.success is True
+
+
+def _chained(spans: list[tuple[int, int, int]]) -> Trajectory:
+    """Two turns whose second prompt extends the first prompt and response: [5, 6, 7] + [8] + [9, 10]."""
+    from tests.factories import Turn, trajectory
+
+    turns = [Turn([5, 6, 7], [8]), Turn([5, 6, 7, 8, 9, 10], [11])]
+    for turn, start, end in spans:
+        turns[turn].tip_spans = (*turns[turn].tip_spans, (start, end))
+    t = trajectory(turns)
+    t.chain_starts = np.array([1, 0], np.uint8)
+    return t
+
+
+def test_a_chain_round_trips_and_a_record_without_chain_starts_is_every_turn_its_own():
+    t = _chained([(0, 1, 2), (1, 1, 2), (1, 4, 5)])  # turn 0's tip kept where it was; a new one after the response
+    out = decode(encode(t))
+    assert out.chain_starts.tolist() == [1, 0] and out.extends_previous(1)
+    # a record written before the field: its array is the message's last frame
+    frames = encode(t)
+    header = header_of(frames)
+    assert header["body"].pop("chain_starts")["__nd__"] == len(frames) - 3
+    assert decode(with_header(frames[:-1], header)).chain_starts.tolist() == [1, 1]
+
+
+@pytest.mark.parametrize(
+    "spans, starts, fragment",
+    [
+        ([], [0, 0], "1 at turn 0"),
+        ([], [1, 2], "0 or 1"),
+        ([(0, 1, 2)], [1, 0], "turn 1 is marked as extending turn 0"),  # turn 0's tip not in turn 1's prompt
+        ([(0, 1, 2), (1, 0, 2)], [1, 0], "turn 1 is marked"),  # the earlier tip moved
+        ([(1, 2, 5)], [1, 0], "turn 1 is marked"),  # a new tip over the previous prompt and response
+    ],
+)
+def test_a_chain_that_does_not_extend_is_refused(spans, starts, fragment):
+    t = _chained(spans)
+    t.chain_starts = np.array(starts, np.uint8)
+    err = reject(encode(t))
+    assert err.reason == "invalid" and fragment in str(err)
+
+
+def test_a_turn_marked_as_extending_a_prompt_it_does_not_start_with_is_refused():
+    from tests.factories import Turn, trajectory
+
+    t = trajectory([Turn([5, 6, 7], [8]), Turn([5, 6, 0, 8, 9], [11])])
+    t.chain_starts = np.array([1, 0], np.uint8)
+    assert "turn 1 is marked as extending turn 0" in str(reject(encode(t)))
