@@ -391,6 +391,7 @@ def throughput(args, model_dir: Path, work: Path, label: str, extra: list[str]) 
         str(model_dir),
         "--out",
         str(out),
+        "--plain",
         *extra,
     ]
     _run(cmd, Path(args.out) / f"throughput_{label}.log", timeout=300)
@@ -634,11 +635,12 @@ def print_table(report: dict) -> None:
         if isinstance(t, str):
             print(f"throughput {label}: {t}")
             continue
+        packings = ", ".join(
+            f"{p} {r['step_seconds']:.2f} s (plain/learner {r['ratio_to_plain']:.2f})" for p, r in t["packing"].items()
+        )
         print(
-            f"throughput {label} ({t['samples']} samples, {t['tokens_per_step']} tokens/step, {t['device']}): "
-            f"learner {t['learner_tokens_per_s']:.0f} tok/s, unsharded {t['learner_unsharded_tokens_per_s']:.0f}, "
-            f"plain {t['plain_tokens_per_s']:.0f}; ratio learner/plain {t['ratio_learner_to_plain']:.2f}, "
-            f"unsharded/plain {t['ratio_unsharded_to_plain']:.2f}"
+            f"throughput {label} ({t['turn_samples']} samples, {t['turn_tokens']} tokens/step, {t['device']}): "
+            f"plain {t['plain_step_seconds']:.2f} s; {packings}"
         )
 
 

@@ -1,37 +1,46 @@
-"""Learner throughput: the EMPO2 train_step against a plain forward+backward+step of the same
-model on the same batch, measured in the same run (ratios are what to compare; the machine is
-noisy). Tokens counted = prompt + response tokens processed by the forward pass.
+"""Learner throughput by packing: one EMPO2 train_step per learner.packing (turn, episode, group) on
+the same batch, measured in the same run (ratios are what to compare; the machine is noisy), on the
+Trainer's policy as the learner runs it (FSDP2-sharded, a process group of one).
 
-    .venv/bin/python -m benchmarks.learner_throughput [--samples 8] [--prompt-tokens 350] [--repeats 3]
-        [--micro-batch-tokens 4096] [--device cpu|cuda] [--model embedded:SmolLM2-135M-Instruct | HF dir]
+    # real episodes: the complete groups of a run's replay-buffer log
+    .venv/bin/python -m benchmarks.learner_throughput --episodes runs/<run>/buffer.log [--groups 1]
+    # synthetic turn samples (no chains: every packing is turn packing), with the plain baseline
+    .venv/bin/python -m benchmarks.learner_throughput [--samples 8] [--prompt-tokens 350] --plain
 
-Learner: train_step on the Trainer's policy as the learner runs it (FSDP2-sharded, a process
-group of one), and on an unsharded copy (what sharding costs at world size 1).
-Baseline: for each sample, model(input_ids, labels=...) on the whole sequence (full-vocabulary
+Per packing: median wall seconds of a step (after --warmup steps), the tokens its update pass
+forwarded (StepStats.forward_tokens), the sequences it scored, and the process's peak resident
+memory during its steps (VmHWM, reset before each packing). `chain_tokens` is what scoring every
+chain once costs: the tokens of each segment's last prompt and response. `--plain` adds the plain
+baseline: for each turn sample model(input_ids, labels=...) on the whole sequence (full-vocabulary
 logits at every position, HF's causal-LM loss), backward, then one AdamW step for the batch.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
+from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from benchmarks.record import command_line, status_mb, write_result
 from common.model_prep import resolve_model
-from learner.config import LearnerConfig
+from learner.advantages import CountBonus
+from learner.config import LearnerConfig, Packing
 from learner.policy_model import load_policy
-from learner.samples import TurnSample
-from learner.step import train_step
+from learner.samples import TurnSample, build_samples
+from learner.step import segments, train_step
 from learner.train import Trainer
-from protocol.messages import ON_POLICY
+from protocol.messages import ON_POLICY, Trajectory
+from replay_buffer.buffer import BufferLog
 
 
-def make_batch(n: int, prompt_tokens: int, response_tokens: int, vocab: int, seed: int = 0) -> list[TurnSample]:
+def synthetic_batch(n: int, prompt_tokens: int, response_tokens: int, vocab: int, seed: int = 0) -> list[TurnSample]:
     rng = np.random.default_rng(seed)
     batch = []
     for i in range(n):
@@ -52,6 +61,19 @@ def make_batch(n: int, prompt_tokens: int, response_tokens: int, vocab: int, see
     return batch
 
 
+def complete_groups(log: Path, groups: int) -> list[Trajectory]:
+    """The trajectories of the first `groups` groups of the log that have as many episodes as its
+    fullest group (the replay buffer's complete groups)."""
+    by_group: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in BufferLog.read(log)[0]:
+        by_group[t.group_id].append(t)
+    size = max(len(ts) for ts in by_group.values())
+    complete = [ts for ts in by_group.values() if len(ts) == size][:groups]
+    if len(complete) < groups:
+        raise SystemExit(f"{log} has {len(complete)} complete groups of {size}, not {groups}")
+    return [t for ts in complete for t in ts]
+
+
 def plain_step(model, optimizer, batch: list[TurnSample]) -> None:
     optimizer.zero_grad(set_to_none=True)
     for s in batch:
@@ -62,75 +84,117 @@ def plain_step(model, optimizer, batch: list[TurnSample]) -> None:
     optimizer.step()
 
 
-def timed(fn, repeats: int, device: str = "cpu") -> float:
-    """Median wall seconds of fn() after one warm-up; on CUDA each run ends when its kernels have."""
+def reset_peak_rss() -> None:
+    """Start VmHWM again from the resident memory now (Linux: 5 > /proc/self/clear_refs)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def timed(fn, repeats: int, warmup: int, device: str = "cpu") -> tuple[float, object]:
+    """(median wall seconds of fn() after `warmup` runs, its last result); on CUDA each run ends when
+    its kernels have."""
     sync = torch.cuda.synchronize if device == "cuda" else lambda: None
-    fn()  # warm-up
-    times = []
+    for _ in range(warmup):
+        fn()
+    times, out = [], None
     for _ in range(repeats):
         sync()
         t0 = time.perf_counter()
-        fn()
+        out = fn()
         sync()
         times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return float(np.median(times)), out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--samples", type=int, default=8)
-    parser.add_argument("--prompt-tokens", type=int, default=350)
-    parser.add_argument("--response-tokens", type=int, default=12)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--episodes", type=Path, help="a replay-buffer log (runs/<run>/buffer.log); default synthetic")
+    parser.add_argument("--groups", type=int, default=1, help="complete groups of the log in the batch")
+    parser.add_argument("--samples", type=int, default=8, help="synthetic: turn samples")
+    parser.add_argument("--prompt-tokens", type=int, default=350, help="synthetic: prompt length")
+    parser.add_argument("--response-tokens", type=int, default=12, help="synthetic: response length")
+    parser.add_argument("--packings", default="turn,episode,group")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--micro-batch-tokens", type=int, default=LearnerConfig.micro_batch_tokens)
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="learner.device of both sides")
+    parser.add_argument("--plain", action="store_true", help="also the plain fwd+bwd+step baseline")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="learner.device")
     parser.add_argument("--model", default="embedded:SmolLM2-135M-Instruct", help="model name or HF directory")
     parser.add_argument("--out", default="benchmarks/results/learner_throughput.json")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     path = resolve_model(args.model)
-    # tiny lr: the weights barely move
-    cfg = LearnerConfig(
-        lr=1e-12, low_prob_threshold=None, device=args.device, micro_batch_tokens=args.micro_batch_tokens
-    )
+    # tiny lr: the weights barely move between the packings; the mask off: every token costs the same
+    cfg = LearnerConfig(lr=1e-12, low_prob_mask="off", device=args.device, micro_batch_tokens=args.micro_batch_tokens)
     trainer = Trainer(cfg, path, seed=0)
-    model, _ = load_policy(path, trainer.device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    batch = make_batch(args.samples, args.prompt_tokens, args.response_tokens, model.config.vocab_size)
-    tokens = sum(len(s.update_prompt) + len(s.response) for s in batch)
-
-    learner_s = timed(
-        lambda: train_step(trainer.scorer, trainer.optimizer, batch, cfg, version=0), args.repeats, args.device
-    )
-    learner_peak_rss_mb = status_mb(field="VmHWM")  # the process's high-water mark once the learner's steps have run
-    unsharded_s = timed(lambda: train_step(model, optimizer, batch, cfg, version=0), args.repeats, args.device)
-    plain_s = timed(lambda: plain_step(model, optimizer, batch), args.repeats, args.device)
+    if args.episodes:
+        trajectories = complete_groups(args.episodes, args.groups)
+        batch = build_samples(trajectories, cfg.score_scale, CountBonus(cfg.intrinsic_coef), cfg.adv_eps)
+        source = {"episodes": str(args.episodes), "groups": args.groups, "episodes_in_batch": len(trajectories)}
+    else:
+        batch = synthetic_batch(
+            args.samples, args.prompt_tokens, args.response_tokens, trainer.scorer.lm.config.vocab_size
+        )
+        source = {"synthetic_samples": args.samples, "prompt_tokens": args.prompt_tokens}
+    chains = segments(batch, Packing.episode)
     result = {
         "command": command_line([".venv/bin/python", "-m", "benchmarks.learner_throughput"], sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "load_average_at_end": os.getloadavg()[0],
-        "samples": args.samples,
-        "tokens_per_step": tokens,
+        **source,
+        "turn_samples": len(batch),
+        "response_tokens": int(sum(len(s.response) for s in batch)),
+        "turn_tokens": int(sum(len(s.update_prompt) + len(s.response) for s in batch)),
+        "chain_tokens": int(sum(len(batch[seg[-1]].update_prompt) + len(batch[seg[-1]].response) for seg in chains)),
+        "chains": len(chains),
         "threads": torch.get_num_threads(),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "micro_batch_tokens": args.micro_batch_tokens,
-        "learner_tokens_per_s": tokens / learner_s,
-        "learner_peak_rss_mb": learner_peak_rss_mb,
-        "learner_unsharded_tokens_per_s": tokens / unsharded_s,
-        "plain_tokens_per_s": tokens / plain_s,
-        "ratio_learner_to_plain": plain_s / learner_s,
-        "ratio_unsharded_to_plain": plain_s / unsharded_s,
+        "packing": {},
     }
+    print(
+        f"{len(batch)} turn samples in {len(chains)} chains: {result['turn_tokens']} tokens as turns, "
+        f"{result['chain_tokens']} as chains, {torch.get_num_threads()} threads",
+        flush=True,
+    )
+    for packing in args.packings.split(","):
+        step_cfg = dataclasses.replace(cfg, packing=Packing(packing))
+        reset_peak_rss()
+        seconds, stats = timed(
+            lambda c=step_cfg: train_step(trainer.scorer, trainer.optimizer, batch, c, version=0),
+            args.repeats,
+            args.warmup,
+            args.device,
+        )
+        result["packing"][packing] = {
+            "step_seconds": seconds,
+            "forward_tokens": stats.forward_tokens,
+            "sequences": stats.segments,
+            "peak_rss_mb": status_mb(field="VmHWM"),
+        }
+        print(f"{packing:8} {seconds:8.1f} s/step  {stats.forward_tokens:7d} tokens forwarded", flush=True)
+    turn = result["packing"].get("turn")
+    for r in result["packing"].values():
+        r["forward_tokens_per_chain_token"] = r["forward_tokens"] / result["chain_tokens"]
+        if turn is not None:
+            r["speedup_vs_turn"] = turn["step_seconds"] / r["step_seconds"]
+            r["forward_tokens_vs_turn"] = r["forward_tokens"] / turn["forward_tokens"]
+    if args.plain:
+        model, _ = load_policy(path, trainer.device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+        plain_s, _ = timed(lambda: plain_step(model, optimizer, batch), args.repeats, args.warmup, args.device)
+        result["plain_step_seconds"] = plain_s
+        for r in result["packing"].values():
+            r["ratio_to_plain"] = plain_s / r["step_seconds"]
+    result["load_average_at_end"] = os.getloadavg()[0]
     write_result(args.out, result, indent=1)
-    print(f"{'':24}{'tokens/s':>12}")
-    print(
-        f"{'EMPO2 train_step (FSDP)':24}{result['learner_tokens_per_s']:12.1f}  peak RSS {learner_peak_rss_mb:.0f} MB"
-    )
-    print(f"{'  same, unsharded':24}{result['learner_unsharded_tokens_per_s']:12.1f}")
-    print(f"{'plain fwd+bwd+step':24}{result['plain_tokens_per_s']:12.1f}")
-    print(
-        f"ratio learner / plain: {result['ratio_learner_to_plain']:.2f}  ({tokens} tokens per step, {torch.get_num_threads()} threads)"
-    )
+    print(f"{'packing':8} {'s/step':>8} {'x turn':>7} {'tokens':>8} {'/chain':>7} {'peak MB':>8}")
+    for packing, r in result["packing"].items():
+        print(
+            f"{packing:8} {r['step_seconds']:8.1f} {r.get('speedup_vs_turn', float('nan')):7.2f} "
+            f"{r['forward_tokens']:8d} {r['forward_tokens_per_chain_token']:7.2f} {r['peak_rss_mb']:8.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,7 @@ from benchmarks.record import run_header, write_result
 from common.process import spawn_role, stop_group
 from deploy.monitor import scrape
 from pipeline.config import MetricsConfig
-from protocol import Client, RemoteError, RequestTimeout, decode
-from protocol.codec import unpack_frames
+from protocol import Client, RemoteError, RequestTimeout
 from protocol.messages import (
     TIP_MODES,
     Ack,
@@ -52,9 +51,8 @@ from protocol.messages import (
     Trajectory,
     Wait,
 )
-from protocol.records import scan
 from protocol.transport import wait_until_ready
-from replay_buffer.buffer import LOG_TAGS, TRAJECTORY_TAG
+from replay_buffer.buffer import BufferLog
 
 BUFFER, MEMORY, NO_POLICY = "tcp://127.0.0.1:23560", "tcp://127.0.0.1:23570", "tcp://127.0.0.1:23550"
 METRICS_BASE = 33000  # buffer 33100, memory service 33101
@@ -211,10 +209,8 @@ class Rss:
 
 def audit(log_path: Path, acked: list[str]) -> dict:
     """Every acknowledged episode id in the buffer's log exactly once."""
-    found = scan(log_path.read_bytes(), LOG_TAGS)
-    logged = Counter(
-        decode(unpack_frames(payload)).episode_id for tag, payload in found.records if tag == TRAJECTORY_TAG
-    )
+    trajectories, _, found = BufferLog.read(log_path)
+    logged = Counter(t.episode_id for t in trajectories)
     return {
         "acknowledged": len(acked),
         "acknowledged_distinct": len(set(acked)),

@@ -22,13 +22,19 @@ log = logging.getLogger(__name__)
 # are prepared before any role starts: common/model_prep.py), and no tokenizers thread pool
 # (it warns, and can deadlock, when a process that used it forks).
 ROLE_ENV = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+# ... and, unless the operator's environment says otherwise, OpenMP threads that sleep at a barrier
+# instead of spinning (libgomp spins first by default): the learner, vLLM's CPU workers and the
+# memory service's embedder share the cores, and spinning threads took them from one another. On 2
+# cores a learner step beside a busy policy server took 4.6x its time alone and generation ran 14.5x
+# slower; passive, 2.0x and 1.9x: each a fair half (benchmarks/colocation.py, benchmarks/README.md).
+ROLE_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def spawn_role(
     module: str,
     args: list[str],
     log_path: Path,
-    env_extra: dict[str, str] | None = None,
+    env_extra: dict[str, str | None] | None = None,
     cwd: Path | None = None,
     exec_prefix: tuple[str, ...] = (),
 ) -> subprocess.Popen:
@@ -36,8 +42,9 @@ def spawn_role(
     (and `env_extra`), stdout and stderr appended to `log_path`, in a session of its own: stopping
     its process group (stop_group) also stops its JVM, vLLM workers and resource trackers.
     `exec_prefix`: a command that execs the rest (e.g. `ip netns exec NS`), so the pid and the
-    group stay the role's."""
-    env = {**os.environ, **ROLE_ENV, **(env_extra or {})}
+    group stay the role's. A None in `env_extra` removes that variable."""
+    env = {**ROLE_ENV_DEFAULTS, **os.environ, **ROLE_ENV, **(env_extra or {})}
+    env = {k: v for k, v in env.items() if v is not None}
     with open(log_path, "ab") as log_file:
         return subprocess.Popen(
             [*exec_prefix, sys.executable, "-m", module, *args],

@@ -320,6 +320,15 @@ class BufferLog:
         self.sync()
         self.file.close()
 
+    @staticmethod
+    def read(path: Path) -> tuple[list[Trajectory], list[str], Scan]:
+        """A log's intact records as (the trajectories, the served group ids, the scan): for audits and
+        benchmarks; the buffer itself replays (replay)."""
+        found = scan(path.read_bytes(), LOG_TAGS)
+        trajectories = [decode(unpack_frames(p)) for tag, p in found.records if tag == TRAJECTORY_TAG]
+        served = [p.decode() for tag, p in found.records if tag == SERVED_TAG]
+        return trajectories, served, found
+
     @classmethod
     def replay(cls, path: Path, buffer: ReplayBuffer) -> Replayed:
         """Feed a previous run's intact records into `buffer`. A corrupt record is skipped and

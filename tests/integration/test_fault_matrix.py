@@ -36,10 +36,7 @@ from deploy.monitor import scrape, total
 from deploy.run_state import kill_role, read_state, wait_for_role
 from learner.checkpoint import list_checkpoints
 from pipeline.config import load_config
-from protocol import decode
-from protocol.codec import unpack_frames
-from protocol.records import scan
-from replay_buffer.buffer import LOG_TAGS, SERVED_TAG, TRAJECTORY_TAG
+from replay_buffer.buffer import BufferLog
 from tests.integration.conftest import REPO
 
 # long: ~18 min on 2 cores, run by `make test-long`; `make test` keeps its short variants: the env actor
@@ -249,10 +246,9 @@ def test_training_reaches_its_target_and_nothing_is_lost_or_left(run):
     assert summary["server_versions_at_end"] == [TOTAL_STEPS, TOTAL_STEPS]
 
     # the buffer's log against what the actors were told: each acknowledged episode exactly once
-    found = scan((run.cfg.run_path(run.cfg.replay_buffer.log_file)).read_bytes(), LOG_TAGS)
+    trajectories, used, found = BufferLog.read(run.cfg.run_path(run.cfg.replay_buffer.log_file))
     assert not found.skipped, found.skipped
-    logged = [decode(unpack_frames(p)).episode_id for tag, p in found.records if tag == TRAJECTORY_TAG]
-    used = [p.decode() for tag, p in found.records if tag == SERVED_TAG]
+    logged = [t.episode_id for t in trajectories]
     assert len(logged) == len(set(logged)), "a trajectory logged twice"
     assert len(used) == len(set(used)), "a group used twice"
     acknowledged = set()
