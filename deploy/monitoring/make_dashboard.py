@@ -131,6 +131,14 @@ PANELS = [
         "ops",
         ["sum(rate(empo2_learner_tokens_total[5m]))", "sum(rate(empo2_learner_samples_total[5m]))"],
     ),
+    # learner.packing: the update pass's tokens against the response tokens it trains on
+    ("Learner tokens forwarded / s", "ops", ["sum(rate(empo2_learner_forward_tokens_total[5m]))"]),
+    # a chain per episode unless the history is trimmed: more is what the learner pays for trims
+    (
+        "Prompt chains per episode",
+        "none",
+        ["sum(rate(empo2_env_actor_prompt_chains_total[5m])) / sum(rate(empo2_env_actor_episodes_total[5m]))"],
+    ),
     ("Policy servers ready", "none", ["empo2_policy_server_ready"]),
     ("Prompt tokens / s", "ops", ["sum(rate(empo2_policy_server_prompt_tokens_total[1m]))"]),
     (
