@@ -53,10 +53,8 @@ CONFIG = [
     "replay_buffer.max_open_groups=2",
     "replay_buffer.max_ready_groups=2",
     "learner.max_staleness=4",
-    # shorter prompts (no demonstration, the last turn only): a learner step of the 16 turn samples
-    # takes well under the profile's ~2 min, so a budget of minutes holds several steps
-    "env_actor.demonstration=false",
-    "env_actor.history_window=1",
+    # the CPU profile's prompt (demonstration, whole chat): each episode is one chain the learner scores
+    # once (learner.packing), so a budget of minutes holds several steps
     "endpoints.policy_servers=[tcp://127.0.0.1:44550]",
     "endpoints.replay_buffer=tcp://127.0.0.1:44560",
     "endpoints.memory_service=tcp://127.0.0.1:44570",

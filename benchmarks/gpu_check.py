@@ -101,7 +101,7 @@ def build_model(config_dir: Path, out: Path, tiny: bool, seed: int = 0) -> dict:
 
 
 def group(step: int, vocab: int) -> list:
-    """One GRPO group as tests/factories.mixed_group builds it (4 episodes of 2 turns: on-policy,
+    """One GRPO group shaped as tests/factories.mixed_group's, each turn its own chain (4 episodes of 2 turns: on-policy,
     on-policy with tips, off-policy, on-policy; tips at prompt tokens 1..3; scores 0/25/50/75; versions
     = step), with prompts of 100-300 and responses of 8-24 tokens over the model's vocabulary, and
     behaviour log-probs near a random-init model's (about -log V), so that ratios fall on both sides

@@ -62,13 +62,14 @@ def synthetic_batch(n: int, prompt_tokens: int, response_tokens: int, vocab: int
 
 
 def complete_groups(log: Path, groups: int) -> list[Trajectory]:
-    """The trajectories of the first `groups` groups of the log that have as many episodes as its
-    fullest group (the replay buffer's complete groups)."""
+    """The trajectories of the `groups` groups of the log with the most turns among those with as
+    many episodes as its fullest group (the replay buffer's complete groups)."""
     by_group: dict[str, list[Trajectory]] = defaultdict(list)
     for t in BufferLog.read(log)[0]:
         by_group[t.group_id].append(t)
     size = max(len(ts) for ts in by_group.values())
-    complete = [ts for ts in by_group.values() if len(ts) == size][:groups]
+    complete = [ts for ts in by_group.values() if len(ts) == size]
+    complete = sorted(complete, key=lambda ts: -sum(t.num_turns for t in ts))[:groups]
     if len(complete) < groups:
         raise SystemExit(f"{log} has {len(complete)} complete groups of {size}, not {groups}")
     return [t for ts in complete for t in ts]
@@ -117,6 +118,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--micro-batch-tokens", type=int, default=LearnerConfig.micro_batch_tokens)
     parser.add_argument("--plain", action="store_true", help="also the plain fwd+bwd+step baseline")
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="learner.gradient_checkpointing")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="learner.device")
     parser.add_argument("--model", default="embedded:SmolLM2-135M-Instruct", help="model name or HF directory")
@@ -151,6 +153,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "micro_batch_tokens": args.micro_batch_tokens,
+        "gradient_checkpointing": args.gradient_checkpointing,
         "packing": {},
     }
     print(

@@ -113,22 +113,29 @@ GROUP_MODES = (ON_POLICY, ON_POLICY_TIPS, OFF_POLICY, ON_POLICY)
 
 def mixed_group(step: int) -> list[Trajectory]:
     """One group of 4 episodes (2 turns, mixed prompt lengths, tips in two), rewarded unevenly, as
-    the learner receives it for `step`. The near-uniform tiny model (vocab 40) gives every token a
-    log-prob near log(1/40) = -3.7, so the mask at -3 drops every tip sample, clearly on every rank."""
+    the learner receives it for `step`. Each episode is one chain, as the actors build them: the
+    second prompt is the first prompt, its response and new tokens (its tip span kept where it was,
+    a new one after). The near-uniform tiny model (vocab 40) gives every token a log-prob near
+    log(1/40) = -3.7, so the mask at -3 drops every tip sample, clearly on every rank."""
     rng = np.random.default_rng(step)
     out = []
     for slot in range(4):
         mode = GROUP_MODES[slot]
-        prompts = [rng.integers(3, 40, rng.integers(5, 20)) for _ in range(2)]
+        first = rng.integers(3, 40, rng.integers(5, 20))
         responses = [rng.integers(3, 40, rng.integers(1, 4)) for _ in range(2)]
+        second = np.concatenate([first, responses[0], rng.integers(3, 40, rng.integers(3, 10))])
         logprobs = rng.uniform(-4, -2, sum(len(r) for r in responses))
         cut = len(responses[0])
         spans = [(1, 3)] if mode != ON_POLICY else []
+        later = [(len(first) + cut + 1, len(first) + cut + 2)] if mode != ON_POLICY else []
         turns = [
-            Turn(prompt=prompts[0], response=responses[0], logprobs=logprobs[:cut], tip_spans=spans),
-            Turn(prompt=prompts[1], response=responses[1], logprobs=logprobs[cut:], tip_spans=spans),
+            Turn(prompt=first, response=responses[0], logprobs=logprobs[:cut], tip_spans=spans),
+            Turn(prompt=second, response=responses[1], logprobs=logprobs[cut:], tip_spans=spans + later),
         ]
-        out.append(group_episode(step, slot, turns))
+        episode = group_episode(step, slot, turns)
+        episode.chain_starts = np.array([1, 0], np.uint8)
+        episode.validate()
+        out.append(episode)
     return out
 
 

@@ -74,7 +74,7 @@ CPU_RUN = {
     "learner.groups_per_step": 1,
     "learner.mini_batch_samples": 0,  # one optimizer step per batch, as then (the paper: mini-batches of 128)
     "learner.low_prob_mask": "tip_rollouts",  # the paper's rule would mask 96% of the small model's samples
-    "learner.micro_batch_tokens": 2048,  # a group of chains in one row (packing=group), 7.3 GB peak on CPU
+    "learner.micro_batch_tokens": 1024,  # each chain alone, unpadded: the fastest on CPU (6.5 GB peak)
 }
 
 
