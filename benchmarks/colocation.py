@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--streams", type=int, default=2, help="concurrent generation requests (env actors)")
-    parser.add_argument("--settings", default="default,passive,partitioned")
+    parser.add_argument("--settings", default="spin,passive,partitioned")
     parser.add_argument("--alone-s", type=float, default=60, help="seconds of generation with no learner")
     parser.add_argument("--out", default="benchmarks/results/colocation.json")
     args = parser.parse_args()
