@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ import numpy as np
 import zmq
 
 from benchmarks.record import REPO, run_header, write_result
-from common.process import ROLE_ENV, ROLE_ENV_DEFAULTS, spawn_role, stop_group
+from common.process import role_env, spawn_role, stop_group
 from protocol import Client
 from protocol.messages import GenerateRequest
 from protocol.transport import wait_until_ready
@@ -89,8 +88,7 @@ def learner(args, env: dict, threads: int, out: Path) -> tuple[float, float, flo
         "--warmup", "1", "--repeats", str(args.repeats), "--threads", str(threads), "--out", str(out),
     ]  # fmt: skip
     start = time.monotonic()
-    env = {k: v for k, v in {**ROLE_ENV_DEFAULTS, **os.environ, **ROLE_ENV, **env}.items() if v is not None}
-    subprocess.run(command, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(command, cwd=REPO, env=role_env(env), check=True, stdout=subprocess.DEVNULL)
     end = time.monotonic()
     return json.loads(out.read_text())["packing"][args.packing]["step_seconds"], start, end
 

@@ -30,6 +30,13 @@ ROLE_ENV = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLEL
 ROLE_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
+def role_env(env_extra: dict[str, str | None] | None = None) -> dict[str, str]:
+    """The environment of a role process: ROLE_ENV_DEFAULTS, then the parent's, then ROLE_ENV and
+    `env_extra`; a None in `env_extra` removes that variable."""
+    env = {**ROLE_ENV_DEFAULTS, **os.environ, **ROLE_ENV, **(env_extra or {})}
+    return {k: v for k, v in env.items() if v is not None}
+
+
 def spawn_role(
     module: str,
     args: list[str],
@@ -42,9 +49,8 @@ def spawn_role(
     (and `env_extra`), stdout and stderr appended to `log_path`, in a session of its own: stopping
     its process group (stop_group) also stops its JVM, vLLM workers and resource trackers.
     `exec_prefix`: a command that execs the rest (e.g. `ip netns exec NS`), so the pid and the
-    group stay the role's. A None in `env_extra` removes that variable."""
-    env = {**ROLE_ENV_DEFAULTS, **os.environ, **ROLE_ENV, **(env_extra or {})}
-    env = {k: v for k, v in env.items() if v is not None}
+    group stay the role's. The environment is role_env(env_extra)."""
+    env = role_env(env_extra)
     with open(log_path, "ab") as log_file:
         return subprocess.Popen(
             [*exec_prefix, sys.executable, "-m", module, *args],
