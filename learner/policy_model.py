@@ -72,6 +72,11 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if differ.size else n
 
 
+def shared_prefix(seqs: list[Scored]) -> int:
+    """Tokens a row's sequences have in common at their start (none for a single sequence)."""
+    return 0 if len(seqs) == 1 else min(common_prefix(seqs[0].tokens, s.tokens) for s in seqs[1:])
+
+
 @dataclass
 class _Row:
     tokens: np.ndarray  # [W] the prefix once, then every branch
@@ -85,7 +90,7 @@ def layout_row(seqs: list[Scored]) -> _Row:
     then each one's remainder. The hidden state at position j predicts token j+1, so a span
     (start, n) is predicted at positions start-1 .. start+n-2 of its sequence, in the prefix or in
     its branch."""
-    shared = 0 if len(seqs) == 1 else min(common_prefix(seqs[0].tokens, s.tokens) for s in seqs[1:])
+    shared = shared_prefix(seqs)
     tokens, positions, branch, rows = [seqs[0].tokens[:shared]], [np.arange(shared)], [np.zeros(shared, int)], []
     offset = shared
     for b, seq in enumerate(seqs, start=1):
@@ -102,9 +107,7 @@ def layout_row(seqs: list[Scored]) -> _Row:
 
 def row_length(seqs: list[Scored]) -> int:
     """Tokens of the row the sequences make (layout_row): the shared prefix counted once."""
-    if len(seqs) == 1:
-        return len(seqs[0].tokens)
-    shared = min(common_prefix(seqs[0].tokens, s.tokens) for s in seqs[1:])
+    shared = shared_prefix(seqs)
     return shared + sum(len(s.tokens) - shared for s in seqs)
 
 

@@ -255,32 +255,34 @@ def chain(samples: list[TurnSample], tipfree: bool = False) -> Scored:
     return Scored(tokens, [(len(prompt(s)), len(s.response)) for s in samples])
 
 
-def rows(seqs: list[Scored], budget: int, share: bool) -> list[list[int]]:
-    """The sequences as rows of a forward batch, each a list of indices into `seqs`: one each, or
-    with `share` (learner.packing=group) sequences with a common prefix of at least
-    MIN_SHARED_PREFIX tokens in one row, as long as the row stays within `budget` tokens (the prefix
-    counted once). Sorting the sequences by their tokens puts those with a common prefix together
-    (a group's episodes, and the groups of one task variation)."""
+def rows(seqs: list[Scored], budget: int, share: bool) -> tuple[list[list[int]], list[int]]:
+    """The sequences as rows of a forward batch, each a list of indices into `seqs`, and each row's
+    tokens (row_length): one sequence each, or with `share` (learner.packing=group) sequences with a
+    common prefix of at least MIN_SHARED_PREFIX tokens in one row, as long as the row stays within
+    `budget` tokens (the prefix counted once). Sorting the sequences by their tokens puts those with
+    a common prefix together (a group's episodes, and the groups of one task variation)."""
     if not share:
-        return [[j] for j in range(len(seqs))]
+        return [[j] for j in range(len(seqs))], [len(s.tokens) for s in seqs]
     out: list[list[int]] = []
+    lengths: list[int] = []
     for j in sorted(range(len(seqs)), key=lambda j: seqs[j].tokens.tolist()):
         if out:
-            candidate = [seqs[k] for k in out[-1]] + [seqs[j]]
             shared = common_prefix(seqs[out[-1][0]].tokens, seqs[j].tokens)
-            if shared >= MIN_SHARED_PREFIX and row_length(candidate) <= budget:
+            length = row_length([seqs[k] for k in out[-1]] + [seqs[j]])
+            if shared >= MIN_SHARED_PREFIX and length <= budget:
                 out[-1].append(j)
+                lengths[-1] = length
                 continue
         out.append([j])
-    return out
+        lengths.append(len(seqs[j].tokens))
+    return out, lengths
 
 
 def score_without_grad(model, seqs: list[Scored], budget: int, share: bool = False) -> list[list[torch.Tensor]]:
     """[T] log-probs of each span of each sequence under `model`, in micro-batches of rows, no graph."""
     device = next(model.parameters()).device
     out: list[list[torch.Tensor]] = [[] for _ in seqs]
-    laid = rows(seqs, budget, share)
-    lengths = [row_length([seqs[j] for j in row]) for row in laid]
+    laid, lengths = rows(seqs, budget, share)
     with torch.no_grad():
         for mb in distributed.synced(micro_batches(lengths, budget)):
             batch = [[seqs[j] for j in laid[r]] for r in mb] or [[chain([_PAD])]]
@@ -292,14 +294,15 @@ def score_without_grad(model, seqs: list[Scored], budget: int, share: bool = Fal
     return out
 
 
-def rank_rows(samples: list[TurnSample], segs: list[list[int]], budget: int, share: bool) -> list[list[list[int]]]:
-    """This rank's rows of a mini-batch's segments: the rows (`rows`; each a list of segments, each a
-    list of sample indices) sorted by length, every world_size-th (all of them in a single process)."""
-    seqs = [chain([samples[i] for i in seg]) for seg in segs]
-    laid = rows(seqs, budget, share)
-    lengths = [row_length([seqs[j] for j in row]) for row in laid]
-    order = sorted(range(len(laid)), key=lengths.__getitem__)
-    return [[segs[j] for j in laid[k]] for k in order[distributed.rank() :: distributed.world_size()]]
+def rank_rows(
+    samples: list[TurnSample], segs: list[list[int]], budget: int, share: bool
+) -> tuple[list[list[list[int]]], list[int]]:
+    """This rank's rows of a mini-batch's segments and their tokens: the rows (`rows`; each a list of
+    segments, each a list of sample indices) sorted by length, every world_size-th (all of them in a
+    single process)."""
+    laid, lengths = rows([chain([samples[i] for i in seg]) for seg in segs], budget, share)
+    mine = sorted(range(len(laid)), key=lengths.__getitem__)[distributed.rank() :: distributed.world_size()]
+    return [[segs[j] for j in laid[k]] for k in mine], [lengths[k] for k in mine]
 
 
 def mini_batch_plan(sizes: list[int], size: int, epochs: int, seed: int | None, version: int) -> list[list[int]]:
@@ -506,7 +509,7 @@ def train_step(
     segs = segments(samples, cfg.packing)
     plan = mini_batch_plan([len(seg) for seg in segs], cfg.mini_batch_samples, cfg.update_epochs, seed, version)
     plan = [rank_rows(samples, [segs[j] for j in mb], budget, share) for mb in plan]  # this rank's rows of each
-    mine = sorted({tuple(seg) for mb in plan for row in mb for seg in row})  # every segment it updates on
+    mine = sorted({tuple(seg) for mb, _ in plan for row in mb for seg in row})  # every segment it updates on
     model.train()
     optimizer.zero_grad(set_to_none=True)
     with timer.phase("score"):
@@ -521,11 +524,10 @@ def train_step(
             share=share,
         )
     totals, steps = StepTotals(), 0
-    for mini in plan:
+    for mini, lengths in plan:
         with timer.phase("forward_backward"):
             optimizer.zero_grad(set_to_none=True)
             mb_totals = StepTotals()
-            lengths = [row_length([chain([samples[i] for i in seg]) for seg in row]) for row in mini]
             for micro in distributed.synced(micro_batches(lengths, budget)):
                 chosen = [mini[j] for j in micro]  # rows of segments of sample indices
                 order = [i for row in chosen for seg in row for i in seg]

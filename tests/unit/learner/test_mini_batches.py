@@ -182,7 +182,7 @@ def test_with_decoupled_ppo_the_proximal_policy_is_the_one_before_the_batch(monk
     plan = mini_batch_plan([1] * len(samples), 4, 1, seed=9, version=1)
     assert stats.optimizer_steps == len(plan) == len(calls) == 3  # one micro-batch per mini-batch here
     for k, (mb, (logp, proximal)) in enumerate(zip(plan, calls)):
-        rows = rank_rows(samples, [[i] for i in mb], cfg.micro_batch_tokens, share=True)
+        rows, _ = rank_rows(samples, [[i] for i in mb], cfg.micro_batch_tokens, share=True)
         order = [i for row in rows for seg in row for i in seg]  # the micro-batch's samples, row by row
         expected = torch.cat([before[i] for i in order])
         torch.testing.assert_close(proximal, expected, rtol=1e-5, atol=1e-5)  # every mini-batch: pre-batch
