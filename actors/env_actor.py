@@ -86,7 +86,6 @@ class Turn:
 @dataclass
 class EpisodeStats:
     invalid_actions: int = 0
-    chains: int = 0  # prompts that start a chain (turn 0, and each history trim): the learner's sequences
     memory_fallbacks: int = 0
     tips_shown: int = 0
     step_seconds: list[float] = field(default_factory=list)
@@ -183,7 +182,6 @@ class EpisodeRunner:
                 tick = stats.timed("memory_retrieval", tick)
             prompt = chat.prompt(result.state, tips, note)
             stats.prompt_tokens.append(len(prompt.token_ids))
-            stats.chains += int(prompt.chain_start)
             tick = stats.timed("prompt", tick)
             response = generate(prompt.token_ids, a.seed * TURN_SEEDS + t)
             tick = stats.timed("generation", tick)
@@ -485,7 +483,7 @@ class EnvWorker:
                     trajectory.variation,
                     trajectory.mode,
                     trajectory.num_turns,
-                    episode.stats.chains,
+                    int(trajectory.chain_starts.sum()),
                     trajectory.score,
                     trajectory.success,
                     sorted(set(trajectory.policy_versions.tolist())),
@@ -551,7 +549,7 @@ class EnvWorker:
         m.episodes_success.labels(trajectory.mode).inc(int(trajectory.success))
         m.env_steps.inc(trajectory.num_turns)
         m.invalid_actions.inc(stats.invalid_actions)
-        m.chains.inc(stats.chains)
+        m.chains.inc(int(trajectory.chain_starts.sum()))  # turn 0 and each history trim: the learner's sequences
         m.memory_fallbacks.inc(stats.memory_fallbacks)
         m.tips_shown.inc(stats.tips_shown)
         m.last_score.set(trajectory.score)
