@@ -182,18 +182,27 @@ class PromptBuilder:
         if dropped:
             users[0] = (f"({dropped} earlier steps are not shown.)\n{users[0][0]}", users[0][1])
         for k, (content, turn_tips) in enumerate(users):
-            ids += self._encode(content)
-            if turn_tips:
-                tip_ids = self._encode(format_tip_block(turn_tips))
-                spans.append((len(ids), len(ids) + len(tip_ids)))
-                ids += tip_ids
-            ids += self._user_end
+            piece, span = self.user_turn(content, turn_tips)
+            if span is not None:
+                spans.append((len(ids) + span[0], len(ids) + span[1]))
+            ids += piece
             if k < len(shown):
                 response = shown[k].response_ids
                 ids += response.tolist() + self.turn_end(response).tolist()
         token_ids = np.asarray(ids, dtype=np.int32)
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
         return BuiltPrompt(token_ids, spans, text, dropped, demonstration_dropped=False)
+
+    def user_turn(self, content: str, tips: list[str]) -> tuple[list[int], tuple[int, int] | None]:
+        """A user turn's ids (its content, its tip block, the template's end of the turn and opening
+        of the response) and the tip block's span in them, if any."""
+        ids = self._encode(content)
+        span = None
+        if tips:
+            tip_ids = self._encode(format_tip_block(tips))
+            span = (len(ids), len(ids) + len(tip_ids))
+            ids += tip_ids
+        return ids + self._user_end, span
 
     def _state(self, state: str) -> str:
         return state.strip()[: self.max_observation_chars]
@@ -214,6 +223,7 @@ class Chat:
         self.demonstration = ctx.demonstration is not None
         self._extended: np.ndarray | None = None  # the last prompt, its response and the turn's end
         self._pending = np.zeros(0, np.int32)  # the prompt awaiting its response
+        self._spans: list[tuple[int, int]] = []  # its tip spans
 
     def prompt(self, state: str, tips: list[str], note: str = "") -> BuiltPrompt:
         """The current turn's prompt: the chain so far and this user turn. Past the budget, half of
@@ -221,6 +231,19 @@ class Chat:
         demonstration goes and the turns are fitted again; if even that does not fit, the prompt
         goes as it is (the server refuses it)."""
         b = self.builder
+        within_window = b.history_window <= 0 or len(self.past) - self.first_shown <= b.history_window
+        if self._extended is not None and within_window:  # the chain so far and this user turn, if it fits
+            piece, span = b.user_turn(note + b._state(state), tips)
+            if len(self._extended) + len(piece) <= b.token_budget:
+                at = len(self._extended)
+                spans = self._spans + ([(at + span[0], at + span[1])] if span is not None else [])
+                token_ids = np.concatenate([self._extended, np.asarray(piece, np.int32)])
+                prompt = BuiltPrompt(
+                    token_ids, spans, b.tokenizer.decode(token_ids.tolist(), skip_special_tokens=False),
+                    self.first_shown, self.ctx.demonstration is not None and not self.demonstration, chain_start=False,
+                )  # fmt: skip
+                self._pending, self._spans = prompt.token_ids, prompt.tip_spans
+                return prompt
         if b.history_window > 0:
             self.first_shown = max(self.first_shown, len(self.past) - b.history_window)
         prompt = self._render(state, tips, note)
@@ -235,7 +258,7 @@ class Chat:
         prompt.chain_start = head is None or not (
             len(prompt.token_ids) >= len(head) and np.array_equal(prompt.token_ids[: len(head)], head)
         )
-        self._pending = prompt.token_ids
+        self._pending, self._spans = prompt.token_ids, prompt.tip_spans
         return prompt
 
     def answered(self, state: str, tips: list[str], note: str, response_ids: np.ndarray) -> None:

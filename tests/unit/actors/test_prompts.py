@@ -213,3 +213,14 @@ def test_observation_truncated_to_max_chars(tokenizer):
     long_state = "Q" * 50 + "Z" * 50
     p = PromptBuilder(tokenizer, 0, 100_000, max_observation_chars=50).build(TaskContext("t"), [], long_state, [])
     assert "<|im_start|>user\n" + "Q" * 50 + "<|im_end|>" in p.text and "Z" not in p.text
+
+
+def test_an_extended_prompt_is_the_prompt_rendered_from_scratch(builder, tokenizer):
+    """The chat extends its chain by the new user turn alone; rendering the same past anew gives the
+    same ids and tip spans."""
+    prompts, chat = _play(builder, tokenizer, PAST, STATE, TIPS, eos=True)
+    for k, p in enumerate(prompts):
+        state, tips = (PAST[k][0], PAST[k][1]) if k < len(PAST) else (STATE, TIPS)
+        again = builder.build(CTX, chat.past[:k], state, tips)
+        np.testing.assert_array_equal(p.token_ids, again.token_ids)
+        assert p.tip_spans == again.tip_spans and p.text == again.text
