@@ -11,10 +11,10 @@ token-in/token-out.
 
 An episode is one chain (Chat): turn t+1's prompt is turn t's prompt, its response tokens, the chat
 template's end of that turn (its first token left out when the response already ends with it, as
-a response that stopped at the end-of-sequence token does) and the new user turn. The responses are
-never re-tokenised (the user turns and the system part are encoded again each turn, piece by piece,
-to the same ids), so the learner scores each chain once (learner.packing) and what the model wrote
-stays what it reads. Past the token budget half of the past turns shown go
+a response that stopped at the end-of-sequence token does) and the new user turn. Nothing of the
+past is encoded again until a trim renders the shown turns anew (the responses never: their ids
+are kept), so the learner scores each chain once (learner.packing) and what the model wrote stays
+what it reads. Past the token budget half of the past turns shown go
 at once (the first user turn left says how many are not shown) and a new chain starts; it starts
 again only when the budget is reached again. The system part always stays, except for the
 demonstration when even the prompt without any past turn is over the budget (a task whose gold
