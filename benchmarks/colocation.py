@@ -100,7 +100,7 @@ def serve(tmp: Path, env: dict, bind: str) -> subprocess.Popen:
         "metrics.base_port=46600",
         f"policy_server.cpu_omp_threads_bind={bind}",
     ]
-    proc = spawn_role("actors.policy_server", overrides, tmp / f"policy_server-{bind}.log", env_extra=env)
+    proc = spawn_role("actors.policy_server.server", overrides, tmp / f"policy_server-{bind}.log", env_extra=env)
     client = Client(zmq.Context.instance(), SERVER, 5)
     try:
         wait_until_ready(client, "colocation", timeout_s=600)

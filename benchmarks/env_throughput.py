@@ -8,9 +8,9 @@ For each actor count N the concurrency is C = N x envs_per_actor (ScienceWorld e
                   pipeline's task, train variations, simplification and step limit), episodes of
                   env.max_steps steps with a random valid action, no LLM: env steps/s.
                   Every decision point (task, history, state) is recorded for (b).
-  (b) LLM alone   actors.policy_engine.PolicyEngine (the policy server's engine, same config) in
+  (b) LLM alone   actors.policy_server.engine.PolicyEngine (the policy server's engine, same config) in
                   this process, C concurrent generations of actor prompts built by
-                  actors.prompts.PromptBuilder from the observations of (a), with the actors'
+                  actors.env_actor.prompts.PromptBuilder from the observations of (a), with the actors'
                   max tokens, temperature and stop: generations/s = the LLM's bound on env steps/s.
   (c) pipeline    one real policy server and a replay buffer (deploy.launch.Launcher, ports away
                   from the tests'), then N env actor processes; no learner (no weight updates) and
@@ -294,7 +294,7 @@ async def llm_alone(
 def prompt_builder(cfg: PipelineConfig):
     from transformers import AutoTokenizer
 
-    from actors.prompts import PromptBuilder
+    from actors.env_actor.prompts import PromptBuilder
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model.name, cfg.model.cache_dir or None))
     budget = cfg.env_actor.prompt_budget(cfg.policy_server.max_model_len)
@@ -304,7 +304,7 @@ def prompt_builder(cfg: PipelineConfig):
 def build_prompts(builder, decisions: list[Decision], limit: int, seed: int) -> list[np.ndarray]:
     """The actors' chat prompts of the recorded decisions, without the demonstration and the action
     templates (the env-alone stage does not load gold paths)."""
-    from actors.prompts import TaskContext
+    from actors.env_actor.prompts import TaskContext
 
     picked = random.Random(seed).sample(decisions, min(limit, len(decisions)))
     return [
@@ -550,7 +550,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # Per actor count: (a), (b), (c), (b) again, so the stages of one row see a similar machine
     # load. One engine for (b) in this process, one policy server + buffer for (c), both kept.
-    from actors.policy_engine import PolicyEngine
+    from actors.policy_server.engine import PolicyEngine
 
     builder = prompt_builder(cfg)
     decisions: list[Decision] = []

@@ -66,7 +66,7 @@ from protocol.transport import wait_until_ready
 SOCKETS = {  # module, the override that sets its endpoint
     "replay_buffer": ("replay_buffer.service", "endpoints.replay_buffer={}"),
     "memory_service": ("memory_service.service", "endpoints.memory_service={}"),
-    "policy_server": ("actors.policy_server", "endpoints.policy_servers=[{}]"),
+    "policy_server": ("actors.policy_server.server", "endpoints.policy_servers=[{}]"),
 }
 REPLY_TIMEOUT_S = 15.0  # per input: a server that does not answer within this is reported as such
 HUGE = 8 << 20  # the largest string a mutation sends

@@ -343,7 +343,7 @@ def start_policy_server(run_dir: Path) -> subprocess.Popen:
         f"metrics.base_port={POLICY_METRICS_PORT}",
         f"run_dir={run_dir}",
     ]
-    return spawn_role("actors.policy_server", overrides, run_dir / "policy_server.log", cwd=REPO)
+    return spawn_role("actors.policy_server.server", overrides, run_dir / "policy_server.log", cwd=REPO)
 
 
 def server_log_tail(run_dir: Path) -> str:

@@ -19,7 +19,7 @@
                     the old "last steps only" prompt (it keeps the action templates in the system
                     part and the last turn as a chat pair; the old prompt had neither).
    No tips (no memory service): a tip mode adds its tip blocks to every user turn of (a).
-3. Starts one actors.policy_engine.PolicyEngine in this process (the policy server's engine and
+3. Starts one actors.policy_server.engine.PolicyEngine in this process (the policy server's engine and
    config, the embedded model via common.model_prep.resolve_model) and generates every turn's
    action for both variants as an episode issues them: one request at a time, turn after turn, the
    two variants interleaved (a b, b a, a b, ... turn by turn) so the machine's noise spreads over
@@ -158,7 +158,7 @@ def build_prompts(builder, ctx, ep: Recorded, e: int, variant: str) -> list[Prom
 def system_tokens(tokenizer, ep: Recorded, demo, templates: list[str], demo_steps: list[int]) -> dict:
     """Tokens of the system message's parts (the full demonstration `demo`), and of the whole
     system message for some demo_max_steps values: where the reference prompt's fixed part goes."""
-    from actors.prompts import Demonstration, TaskContext, system_message
+    from actors.env_actor.prompts import Demonstration, TaskContext, system_message
 
     def n(ctx) -> int:
         return len(tokenizer(system_message(ctx), add_special_tokens=False)["input_ids"])
@@ -239,7 +239,7 @@ def engine_times(final) -> tuple[int, float, float, float]:
 async def generate_all(
     engine, tap: Tap, cfg: PipelineConfig, prompts: dict, order, meter, warmup_ids: list[int]
 ) -> list[Generation]:
-    from actors.env_actor import TURN_SEEDS
+    from actors.env_actor.episode import TURN_SEEDS
     from protocol.messages import GenerateRequest
 
     acfg = cfg.env_actor
@@ -439,9 +439,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     from transformers import AutoTokenizer
 
-    from actors.env_actor import EpisodeRunner
-    from actors.policy_engine import PolicyEngine
-    from actors.prompts import PromptBuilder, TaskContext
+    from actors.env_actor.episode import EpisodeRunner
+    from actors.env_actor.prompts import PromptBuilder, TaskContext
+    from actors.policy_server.engine import PolicyEngine
     from benchmarks.env_throughput import CpuMeter
     from common.model_prep import resolve_model
     from common.process import exit_on_sigterm

@@ -80,13 +80,13 @@ class RoleSpec(NamedTuple):
 
 
 def env_actor_spec(j: int) -> RoleSpec:
-    return RoleSpec(f"env_actor{j}", ["actors.env_actor", f"env_actor.index={j}"], "env_actor", j)
+    return RoleSpec(f"env_actor{j}", ["actors.env_actor.process", f"env_actor.index={j}"], "env_actor", j)
 
 
 def role_commands(cfg: PipelineConfig) -> list[RoleSpec]:
     """The role table, in start order: servers first, learner last."""
     commands = [
-        RoleSpec(f"policy_server{i}", ["actors.policy_server", f"policy_server.index={i}"], "policy_server", i)
+        RoleSpec(f"policy_server{i}", ["actors.policy_server.server", f"policy_server.index={i}"], "policy_server", i)
         for i in range(len(cfg.endpoints.policy_servers))
     ]
     commands += [

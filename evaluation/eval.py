@@ -41,7 +41,8 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from actors.env_actor import EnvActor, Episode
+from actors.env_actor.episode import Episode
+from actors.env_actor.process import EnvActor
 from common.logs import setup_logging
 from common.metrics import METRICS_LOG
 from common.model_prep import resolve_model

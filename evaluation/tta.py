@@ -27,7 +27,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 
-from actors.env_actor import EnvWorker
+from actors.env_actor.worker import EnvWorker
 from common.logs import setup_logging
 from common.model_prep import resolve_model
 from common.process import exit_on_sigterm

@@ -2,7 +2,7 @@
 
 Only the adapters train, and only they travel to the policy servers: an adapter-only push
 (WeightChunk / WeightFile with lora_scale > 0) that each server merges onto its own copy of the
-base model as W = W0 + scale * B @ A (actors/weight_receiver.py, merged_lora_weights).
+base model as W = W0 + scale * B @ A (actors/policy_server/weight_receiver.py, merged_lora_weights).
 """
 
 from __future__ import annotations

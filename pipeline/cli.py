@@ -32,8 +32,8 @@ class Command:
 
 COMMANDS = {
     "empo2-run": Command("deploy.launch", ("launch", *_SHARED)),
-    "empo2-policy-server": Command("actors.policy_server", ("policy_server", "weight_sync", *_SHARED)),
-    "empo2-env-actor": Command("actors.env_actor", ("env_actor", "env", "startup_timeout_s", *_SHARED)),
+    "empo2-policy-server": Command("actors.policy_server.server", ("policy_server", "weight_sync", *_SHARED)),
+    "empo2-env-actor": Command("actors.env_actor.process", ("env_actor", "env", "startup_timeout_s", *_SHARED)),
     "empo2-memory-service": Command("memory_service.service", ("memory_service", *_SHARED)),
     "empo2-replay-buffer": Command("replay_buffer.service", ("replay_buffer", "env", "pipeline", *_SHARED)),
     "empo2-learner": Command("learner.train", ("learner", "weight_sync", "startup_timeout_s", *_SHARED)),

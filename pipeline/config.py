@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from actors.config import EnvActorConfig, PolicyServerConfig
+from actors.env_actor.config import EnvActorConfig
+from actors.policy_server.config import PolicyServerConfig
 from common.choices import Choice
 from common.model_prep import EMBEDDED_MODEL
 from common.scienceworld import task_names
@@ -136,7 +137,7 @@ class WeightSyncMethod(Choice):
 @dataclass
 class WeightSyncConfig:
     """How the learner's new weights reach the policy servers: read by the learner and the
-    servers alike (learner/weight_push.py, actors/policy_engine.py)."""
+    servers alike (learner/weight_push.py, actors/policy_server/engine.py)."""
 
     method: WeightSyncMethod = WeightSyncMethod.zmq  # zmq | shm | checkpoint | nccl
     shm_dir: str = "/dev/shm"  # shm: where the weight file is written (must lie in policy_server.allowed_weight_dirs)

@@ -439,7 +439,7 @@ class Trajectory(Message):
     # the learner's metrics log sums them per step (the paper's Figure 12). Derived: {} (not measured).
     phase_seconds: dict[str, float] | None = None
     # uint8 [turns]: 1 where turn i's prompt starts a new chain, 0 where it extends turn i-1's prompt and
-    # response token for token (actors/prompts.py), with turn i-1's tip spans as they were and any new one
+    # response token for token (actors/env_actor/prompts.py), with turn i-1's tip spans as they were and any new one
     # after that response: the learner scores such turns in one sequence (learner.packing). Always 1 at turn
     # 0; 1 again where the actor trimmed the history. Derived: 1 on every turn (each its own sequence).
     chain_starts: np.ndarray | None = None

@@ -94,7 +94,7 @@ def _wait(proc: subprocess.Popen, out, timeout_s: float) -> str:
 
 def test_eval_test_variations_no_memory_resume(start_role, tmp_path):
     server = start_role(
-        "actors.policy_server",
+        "actors.policy_server.server",
         [
             "profile=e2e",
             f"endpoints.policy_servers=[{SERVER}]",

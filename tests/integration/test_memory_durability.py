@@ -12,7 +12,7 @@ import time
 import pytest
 import zmq
 
-from actors.env_actor import EnvWorker
+from actors.env_actor.worker import EnvWorker
 from common.process import signal_group, wait_group
 from deploy.monitor import scrape
 from pipeline.config import MetricsConfig, load_config
@@ -77,7 +77,7 @@ def test_every_acknowledged_report_is_stored_after_a_kill_9(start_role, tmp_path
     assert wait_group(first.proc, time.monotonic() + 10)
     assert pending(tmp_path / "memory.sqlite") == REPORTS
 
-    start_role("actors.policy_server", overrides, "policy_server")
+    start_role("actors.policy_server.server", overrides, "policy_server")
     restarted = start_role("memory_service.service", overrides, "memory_2")
     wait_until_ready(Client(ctx, POLICY, timeout_s=30), "test", timeout_s=600)
     port = MetricsConfig(base_port=METRICS_BASE).port("memory_service")

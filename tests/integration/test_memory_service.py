@@ -41,7 +41,7 @@ def test_reflection_storage_retrieval_and_restart(start_role, tmp_path):
         f"metrics.base_port={METRICS_BASE}",
         f"run_dir={tmp_path}",
     ]
-    start_role("actors.policy_server", overrides, "policy_server")
+    start_role("actors.policy_server.server", overrides, "policy_server")
     memory_proc = start_role("memory_service.service", overrides, "memory_service")
     ctx = zmq.Context.instance()
     memory = Client(ctx, MEMORY, timeout_s=30)

@@ -59,7 +59,7 @@ def learner_logprobs(model, prompt: np.ndarray, response: GenerateResponse) -> n
 def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     server = start_role(
-        "actors.policy_server",
+        "actors.policy_server.server",
         [
             f"endpoints.policy_servers=[{ENDPOINT}]",
             f"metrics.base_port={METRICS_PORT}",

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actors.env_actor import open_episode_runner
-from actors.prompts import format_tip_block
+from actors.env_actor.episode import open_episode_runner
+from actors.env_actor.prompts import format_tip_block
 from learner.samples import remove_spans
 from pipeline.config import load_config
 from protocol.messages import OFF_POLICY, Assignment, GenerateResponse

@@ -34,7 +34,8 @@ def test_two_servers_three_actors(start_role, tmp_path):
         "replay_buffer.variations_per_task=2",
     ]
     roles = [
-        start_role("actors.policy_server", [*common, f"policy_server.index={i}"], f"policy_server{i}") for i in range(2)
+        start_role("actors.policy_server.server", [*common, f"policy_server.index={i}"], f"policy_server{i}")
+        for i in range(2)
     ]
     roles += [
         start_role("replay_buffer.service", common, "replay_buffer"),
@@ -42,7 +43,7 @@ def test_two_servers_three_actors(start_role, tmp_path):
     ]
     actors = [
         start_role(
-            "actors.env_actor",
+            "actors.env_actor.process",
             [*common, f"env_actor.index={j}", f"env_actor.envs_per_actor={2 if j == 0 else 1}"],
             f"env_actor{j}",
         )

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from actors.env_actor import open_episode_runner
+from actors.env_actor.episode import open_episode_runner
 from common.scienceworld import most_similar_action
 from pipeline.config import load_config
 from protocol.messages import ON_POLICY, Assignment, GenerateResponse

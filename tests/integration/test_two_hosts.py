@@ -82,10 +82,10 @@ def test_a_learner_step_on_one_host_reaches_the_policy_server_on_the_other(hosts
     for overrides in (host_a, host_b):
         load_config(overrides)  # each host's configuration is valid on its own
     roles = [
-        (b, "actors.policy_server", host_b, "policy_server0"),
+        (b, "actors.policy_server.server", host_b, "policy_server0"),
         (a, "memory_service.service", host_a, "memory_service"),
         (a, "replay_buffer.service", host_a, "replay_buffer"),
-        (b, "actors.env_actor", [*host_b, "env_actor.index=0"], "env_actor0"),
+        (b, "actors.env_actor.process", [*host_b, "env_actor.index=0"], "env_actor0"),
         (a, "learner.train", host_a, "learner"),
     ]
     started = {}

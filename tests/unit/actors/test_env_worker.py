@@ -10,8 +10,10 @@ import uuid
 import numpy as np
 import pytest
 
-from actors.env_actor import TURN_SEEDS, EnvActor, EnvWorker, EpisodeRunner
-from actors.prompts import ChatTurn
+from actors.env_actor.episode import TURN_SEEDS, EpisodeRunner
+from actors.env_actor.process import EnvActor
+from actors.env_actor.prompts import ChatTurn
+from actors.env_actor.worker import EnvWorker
 from common.scienceworld import StepResult
 from pipeline.config import load_config
 from protocol.messages import (
@@ -82,7 +84,7 @@ class ScriptedEnv:
 
 
 class PlainPrompts:
-    """Stands in for actors.prompts.PromptBuilder: one token per tip, no tokenizer, every prompt a
+    """Stands in for actors.env_actor.prompts.PromptBuilder: one token per tip, no tokenizer, every prompt a
     chain of its own; `pasts` records the past turns each prompt followed."""
 
     def __init__(self):

@@ -1,5 +1,5 @@
 """Adapter-only weight updates: what the learner sends (learner/lora.py) merged by the server onto
-its base model (actors/weight_receiver.py) equals peft's own merge, and bad adapters are refused
+its base model (actors/policy_server/weight_receiver.py) equals peft's own merge, and bad adapters are refused
 before the engine would load anything."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from actors.weight_receiver import WeightUpdateError, merged_lora_weights
+from actors.policy_server.weight_receiver import WeightUpdateError, merged_lora_weights
 from learner.lora import adapter_tensors, apply_lora, lora_scale
 from learner.weight_push import weight_tensors
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from actors.env_actor import EnvWorker, Episode, EpisodeStats
+from actors.env_actor.episode import Episode, EpisodeStats
+from actors.env_actor.worker import EnvWorker
 from pipeline.config import load_config
 from protocol.messages import MemoryResult
 

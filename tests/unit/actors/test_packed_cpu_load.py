@@ -1,4 +1,4 @@
-"""The CPU fast path of a weight update (actors/vllm_worker_ext.load_packed_cpu), on a stand-in
+"""The CPU fast path of a weight update (actors/policy_server/worker_ext.load_packed_cpu), on a stand-in
 with the shape of a vLLM CPU model: linear layers whose weight was packed away (empty parameter,
 a `cpu_linear` handler), a fused qkv projection, a tied lm_head. The real engine's outputs after
 such an update are checked against the learner in tests/integration/test_policy_server.py."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from actors.vllm_worker_ext import load_packed_cpu
+from actors.policy_server.worker_ext import load_packed_cpu
 from protocol.weight_file import mapped_weights, write_weight_file
 
 pytest.importorskip("vllm")

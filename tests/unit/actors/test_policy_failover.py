@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from actors.env_actor import EnvWorker
+from actors.env_actor.worker import EnvWorker
 from pipeline.config import load_config
 from protocol.messages import GenerateResponse
 

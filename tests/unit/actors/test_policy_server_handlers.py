@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from actors.policy_server import PolicyServer
+from actors.policy_server.server import PolicyServer
 from common.server import dispatch
 from pipeline.config import load_config
 from protocol.messages import ErrorReply, MemoryQuery, Ping, Pong

@@ -1,4 +1,4 @@
-"""PromptBuilder and Chat (actors/prompts.py) with the real tokenizer of the embedded SmolLM2 model:
+"""PromptBuilder and Chat (actors/env_actor/prompts.py) with the real tokenizer of the embedded SmolLM2 model:
 the system part (task, demonstration, templates), the episode as a token chain whose user turns keep
 their tips and whose responses are the generated tokens, one end-of-turn whatever the response ended
 with, tip spans that cover exactly the tip blocks (several per prompt), the learner's span removal
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actors.prompts import (
+from actors.env_actor.prompts import (
     INSTRUCTIONS,
     TIP_HEADER,
     Demonstration,

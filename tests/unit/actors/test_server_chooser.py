@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.env_actor import ServerChooser
+from actors.env_actor.worker import ServerChooser
 from pipeline.config import ConfigError, load_config
 
 
@@ -30,7 +30,7 @@ def test_unknown_policy_is_refused_at_load():
 
 def test_a_timed_out_server_is_passed_over_until_its_retry_delay_passes(monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr("actors.env_actor.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("actors.env_actor.worker.time.monotonic", lambda: clock[0])
     for policy in ("least_loaded", "round_robin"):
         chooser = ServerChooser(3, policy, retry_after_s=30.0)
 

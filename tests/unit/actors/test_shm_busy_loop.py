@@ -1,4 +1,4 @@
-"""The cap on vLLM's shared-memory reader (actors/vllm_worker_ext.cap_shm_busy_loop), on vLLM's own
+"""The cap on vLLM's shared-memory reader (actors/policy_server/worker_ext.cap_shm_busy_loop), on vLLM's own
 SpinCondition with real zmq sockets: a reader whose write notification never comes looks at the
 queue again after IDLE_RECHECK_MS instead of sleeping vLLM's 5 s recheck interval. Runs in a
 subprocess: the cap patches vLLM's class for the whole process."""
@@ -15,7 +15,7 @@ pytest.importorskip("vllm")
 PROBE = """
 import os, time, zmq
 from vllm.distributed.device_communicators import shm_broadcast
-from actors import vllm_worker_ext
+from actors.policy_server import worker_ext
 
 ctx = zmq.Context()
 address = "ipc:///tmp/empo2-spin-probe-%d" % os.getpid()
@@ -25,7 +25,7 @@ reader.last_read = 0.0  # long idle: the next wait goes to the socket
 
 t = time.monotonic(); reader.wait(timeout_ms=1500); plain = time.monotonic() - t
 os.environ["EMPO2_VLLM_BUSY_LOOP_S"] = "0"
-vllm_worker_ext.cap_shm_busy_loop()
+worker_ext.cap_shm_busy_loop()
 t = time.monotonic(); reader.wait(timeout_ms=5000); capped = time.monotonic() - t
 t = time.monotonic(); reader.wait(timeout_ms=None); indefinite = time.monotonic() - t
 print(plain, capped, indefinite, reader.busy_loop_s)

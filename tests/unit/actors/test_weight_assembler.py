@@ -1,4 +1,4 @@
-"""The policy server's assembly of WeightChunk messages (actors/weight_receiver.py): an update is
+"""The policy server's assembly of WeightChunk messages (actors/policy_server/weight_receiver.py): an update is
 staged once all its chunks are there and the checksum matches; a newer version replaces an
 unfinished one; an update that holds more bytes than the bound is dropped and refused, so chunks
 that never complete cannot take the host's memory."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actors.weight_receiver import WeightAssembler, WeightUpdateError
+from actors.policy_server.weight_receiver import WeightAssembler, WeightUpdateError
 from protocol.messages import TensorMeta, WeightChunk
 from protocol.weight_file import mapped_weights, weights_checksum
 

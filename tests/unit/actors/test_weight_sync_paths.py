@@ -14,8 +14,8 @@ import pytest
 import torch
 import zmq
 
-from actors.config import PolicyServerConfig
-from actors.policy_engine import PolicyEngine, check_weight_sync
+from actors.policy_server.config import PolicyServerConfig
+from actors.policy_server.engine import PolicyEngine, check_weight_sync
 from learner.weight_push import WeightPusher, ZmqWeightSyncClient
 from pipeline.config import ConfigError, WeightSyncConfig, load_config
 from protocol import Client, bind_router, recv_request, send_reply

@@ -42,7 +42,8 @@ def first_party_imports(path: Path) -> set[str]:
         for name in names:
             top, _, rest = name.partition(".")
             if top in OURS:
-                found.add(f"{top}.config" if rest.startswith("config") and top != "pipeline" else top)
+                is_config = rest.split(".")[-1] == "config" and top != "pipeline"  # actors.env_actor.config too
+                found.add(f"{top}.config" if is_config else top)
     return found
 
 

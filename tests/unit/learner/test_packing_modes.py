@@ -1,4 +1,4 @@
-"""learner.packing on chained trajectories (actors/prompts.py's Chat with the embedded model's real
+"""learner.packing on chained trajectories (actors/env_actor/prompts.py's Chat with the embedded model's real
 tokenizer, on a tiny Llama of its vocabulary): every turn scored in one sequence per chain (episode),
 or with the group's common prefix once (group), gives the log-probs and the optimizer step that one
 sequence per turn gives, in every mode (on-policy, with tips, off-policy with the tips removed) and
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from actors.prompts import Demonstration, PromptBuilder, TaskContext
+from actors.env_actor.prompts import Demonstration, PromptBuilder, TaskContext
 from learner import distributed
 from learner.advantages import CountBonus
 from learner.config import LearnerConfig

@@ -116,9 +116,9 @@ REQUIRED = {
     "memory_service.store.MemoryStore": ("capacity",),
     "memory_service.service.reflection_messages": ("mcfg",),
     "common.scienceworld.ScienceWorld": ("simplification",),
-    "actors.prompts.PromptBuilder": ("history_window",),
-    "actors.policy_engine.PolicyEngine": ("weight_sync",),
-    "actors.policy_engine.start_vllm": ("weight_sync",),
+    "actors.env_actor.prompts.PromptBuilder": ("history_window",),
+    "actors.policy_server.engine.PolicyEngine": ("weight_sync",),
+    "actors.policy_server.engine.start_vllm": ("weight_sync",),
     "replay_buffer.buffer.ReplayBuffer": ("seed",),
 }
 # clipped_policy_loss takes the cap only for decoupled PPO: None there means "not decoupled"
@@ -151,7 +151,7 @@ NOT_CONFIG = {
     ("common.process.run_role", "index"),  # a function that picks the process's index
 }
 PACKAGES = ("actors", "common", "deploy", "evaluation", "learner", "memory_service", "protocol", "replay_buffer")
-SKIP_MODULES = {"actors.vllm_worker_ext"}  # imports vLLM at import time (runs inside the engine)
+SKIP_MODULES = {"actors.policy_server.worker_ext"}  # imports vLLM at import time (runs inside the engine)
 
 
 def _config_field_names() -> set[str]:

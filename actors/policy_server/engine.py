@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from actors.config import PolicyServerConfig
+from actors.policy_server.config import PolicyServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def start_vllm(model_path: str, cfg: PolicyServerConfig, seed: int, weight_sync:
         # vLLM's CPU backend pins OpenMP threads to all cores by default; on a shared 2-core
         # host that starves the other processes, so by default the OS schedules them.
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_omp_threads_bind
-        os.environ.setdefault("EMPO2_VLLM_BUSY_LOOP_S", "0")  # see vllm_worker_ext.cap_shm_busy_loop
+        os.environ.setdefault("EMPO2_VLLM_BUSY_LOOP_S", "0")  # see worker_ext.cap_shm_busy_loop
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -124,7 +124,7 @@ def start_vllm(model_path: str, cfg: PolicyServerConfig, seed: int, weight_sync:
         max_model_len=cfg.max_model_len,
         gpu_memory_utilization=cfg.gpu_memory_utilization,
         tensor_parallel_size=cfg.tensor_parallel_size,
-        worker_extension_cls="actors.vllm_worker_ext.WeightUpdateExtension",
+        worker_extension_cls="actors.policy_server.worker_ext.WeightUpdateExtension",
         weight_transfer_config={"backend": "nccl"} if weight_sync == "nccl" else None,
     )
     log.info("starting vLLM engine: model=%s device=%s dtype=%s", model_path, device, dtype)

@@ -1,44 +1,25 @@
-"""Env actor: plays ScienceWorld episodes with the served policy and streams them to the buffer.
-
-Sockets (all DEALER clients, request/reply):
-  replay buffer : AssignmentRequest -> Assignment | Wait ; Trajectory -> Ack (persisted)
-  policy servers: GenerateRequest -> GenerateResponse (round-robin over endpoints.policy_servers)
-  memory service: MemoryQuery -> MemoryResult ; EpisodeReport -> Ack   (best effort, bounded)
-
-The episode logic (EpisodeRunner) takes its policy and memory as callables, so it runs without
-sockets in tests; an EnvWorker owns one env's sockets, retries and metrics, and its public client
-API (open, wait_ready, play, report_episode) is what evaluation drivers use too; EnvActor is the
-process: envs_per_actor workers in threads.
-
-Run: `empo2-env-actor env_actor.index=0 [key=value ...]`.
-"""
+"""One env's sockets, retries and metrics around the episode logic (EnvWorker), and the choice of
+policy server for each request (ServerChooser). The worker's client API is what evaluation
+drivers use too."""
 
 from __future__ import annotations
 
 import itertools
 import logging
-import queue
 import threading
 import time
-import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import numpy as np
 import zmq
 
-from actors.prompts import Demonstration, PromptBuilder, TaskContext, executed_note
+from actors.env_actor.episode import Episode, EpisodeRunner, open_episode_runner
 from common.logs import short_id
 from common.metrics import EnvActorMetrics
-from common.model_prep import resolve_model
-from common.process import run_role
-from common.scienceworld import ScienceWorld, most_similar_action
-from pipeline.cli import role_config
+from common.scienceworld import ScienceWorld
 from pipeline.config import PipelineConfig
 from protocol import Client, RemoteError, RequestTimeout
 from protocol.messages import (
-    MAX_GENERATED_TEXT_CHARS,
-    TIP_MODES,
     Ack,
     Assignment,
     AssignmentRequest,
@@ -50,207 +31,16 @@ from protocol.messages import (
     MemoryResult,
     Trajectory,
     Wait,
-    is_success,
 )
 from protocol.transport import wait_until_ready
 
-log = logging.getLogger("env_actor")
-
-# The generation seed of turn t is assignment.seed * TURN_SEEDS + t: one seed per turn, distinct
-# across the episodes of a group as long as an episode has fewer turns than this (max_steps).
-TURN_SEEDS = 1000
 # The buffer answered an AssignmentRequest with neither an Assignment nor a Wait: ask again after this.
 UNEXPECTED_REPLY_RETRY_S = 1.0
+
 # How long a stopping actor waits for the buffer to take back its unfinished slot.
 RETURN_TIMEOUT_S = 2.0
-# How often the env actor process checks that all its env threads still play.
-THREAD_CHECK_S = 0.5
 
-# (prompt token ids, seed) -> response;   (task, variation, state) -> (tips, n) or None if unreachable
-GenerateFn = Callable[[np.ndarray, int], GenerateResponse]
-RetrieveFn = Callable[[str, int, str], "tuple[list[str], int] | None"]
-
-
-@dataclass
-class Turn:
-    prompt_ids: np.ndarray
-    tip_spans: list[tuple[int, int]]
-    response: GenerateResponse
-    num_memories: int
-    memory_retrieved: bool  # the retrieval answered (False: it failed, or the mode shows no tips)
-    state: str
-    action: str
-    chain_start: bool  # the prompt does not extend the previous turn's prompt and response
-
-
-@dataclass
-class EpisodeStats:
-    invalid_actions: int = 0
-    memory_fallbacks: int = 0
-    tips_shown: int = 0
-    step_seconds: list[float] = field(default_factory=list)
-    prompt_tokens: list[int] = field(default_factory=list)  # each turn's prompt length
-    phase_seconds: dict[str, float] = field(default_factory=dict)  # ROLLOUT_PHASES of the turns, summed
-
-    def timed(self, phase: str, t0: float) -> float:
-        """Add the time since t0 to `phase`; returns now (the next phase's t0)."""
-        now = time.perf_counter()
-        self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + now - t0
-        return now
-
-
-@dataclass
-class Episode:
-    """A played episode (EnvWorker.play): the trajectory for the replay buffer, the env's task
-    description (the memory service's reflection prompt quotes it) and the turns' statistics."""
-
-    trajectory: Trajectory
-    task_description: str
-    stats: EpisodeStats
-
-
-class EpisodeRunner:
-    """One episode at a time on one env. demo_steps: None = no demonstration in the prompt; 0 = the
-    whole gold path of the demonstration variation; N = its first N actions (env_actor.demonstration,
-    env_actor.demo_max_steps)."""
-
-    def __init__(
-        self,
-        env: ScienceWorld,
-        prompts: PromptBuilder,
-        max_steps: int,
-        max_steps_per_task: dict[str, int] | None = None,
-        demo_steps: int | None = None,
-    ):
-        self.env, self.prompts = env, prompts
-        self.max_steps, self.max_steps_per_task = max_steps, dict(max_steps_per_task or {})
-        self.demo_steps = demo_steps
-        self._task_parts: dict[str, tuple[list[int], dict[int, Demonstration], list[str]]] = {}
-
-    def step_limit(self, task: str) -> int:
-        return self.max_steps_per_task.get(task, self.max_steps)
-
-    def demo_variation(self, task: str, variation: int) -> int | None:
-        """The training variation whose gold path demonstrates `task` to an episode of `variation`:
-        the first training variation other than the one played (never a test variation: for a test
-        variation, the first training one)."""
-        train = self._parts(task)[0]
-        return next((v for v in train if v != variation), None)
-
-    def prompt_parts(self, task: str, variation: int) -> tuple[Demonstration | None, list[str]]:
-        """The demonstration and the action templates of the episode's system message (this may load
-        another variation: call it before reset)."""
-        _, demos, templates = self._parts(task)
-        demo = None
-        if self.demo_steps is not None:
-            demo_variation = self.demo_variation(task, variation)
-            if demo_variation is not None:
-                if demo_variation not in demos:
-                    description, actions = self.env.demonstration(task, demo_variation)
-                    demos[demo_variation] = Demonstration(demo_variation, description, actions)
-                demo = demos[demo_variation]
-                if self.demo_steps > 0:
-                    demo = Demonstration(demo.variation, demo.task_description, demo.actions[: self.demo_steps])
-        return demo, templates
-
-    def _parts(self, task: str) -> tuple[list[int], dict[int, Demonstration], list[str]]:
-        """Per task, cached: its training variations, the demonstrations built so far, its templates."""
-        if task not in self._task_parts:
-            train = self.env.train_variations(task)  # loads the task: the templates are its
-            self._task_parts[task] = (train, {}, self.env.action_templates())
-        return self._task_parts[task]
-
-    def play(
-        self, a: Assignment, actor_id: str, generate: GenerateFn, retrieve: RetrieveFn
-    ) -> tuple[Trajectory, EpisodeStats]:
-        stats = EpisodeStats()
-        demo, templates = self.prompt_parts(a.task, a.variation)
-        result = self.env.reset(a.task, a.variation)
-        chat = self.prompts.chat(TaskContext(self.env.task_description, demo, templates))
-        turns: list[Turn] = []
-        note = ""  # the user turn's word on the action executed at the turn before, when it was mapped
-        for t in range(self.step_limit(a.task)):
-            t0 = tick = time.perf_counter()
-            tips, n, retrieved = [], 0, False
-            if a.mode in TIP_MODES:
-                found = retrieve(a.task, a.variation, result.state)
-                if found is None:  # memory unreachable: no tips, n = 0, marked not retrieved
-                    stats.memory_fallbacks += 1
-                else:
-                    (tips, n), retrieved = found, True
-                    stats.tips_shown += len(tips)
-                tick = stats.timed("memory_retrieval", tick)
-            prompt = chat.prompt(result.state, tips, note)
-            stats.prompt_tokens.append(len(prompt.token_ids))
-            tick = stats.timed("prompt", tick)
-            response = generate(prompt.token_ids, a.seed * TURN_SEEDS + t)
-            tick = stats.timed("generation", tick)
-            chat.answered(result.state, tips, note, response.token_ids)
-            action, mapped = most_similar_action(response.text, result.valid_actions)
-            stats.invalid_actions += int(mapped)
-            note = executed_note(action) if mapped else ""
-            turns.append(
-                Turn(
-                    prompt.token_ids, prompt.tip_spans, response, n, retrieved, result.state, action, prompt.chain_start
-                )
-            )
-            result = self.env.step(action)
-            stats.timed("env_step", tick)
-            stats.step_seconds.append(time.perf_counter() - t0)
-            if result.done:
-                break
-        return self._trajectory(a, actor_id, turns, result.score, result.done, stats.phase_seconds), stats
-
-    @staticmethod
-    def _trajectory(
-        a: Assignment, actor_id: str, turns: list[Turn], score: float, done: bool, phase_seconds: dict[str, float]
-    ) -> Trajectory:
-        def offsets(arrays):
-            return np.concatenate([[0], np.cumsum([len(x) for x in arrays])]).astype(np.int64)
-
-        prompts = [t.prompt_ids for t in turns]
-        responses = [t.response.token_ids for t in turns]
-        spans = [(i, s, e) for i, t in enumerate(turns) for s, e in t.tip_spans]
-        return Trajectory(
-            episode_id=uuid.uuid4().hex,
-            group_id=a.group_id,
-            slot=a.slot,
-            actor_id=actor_id,
-            task=a.task,
-            variation=a.variation,
-            mode=a.mode,
-            score=score,
-            done=done,
-            prompt_token_ids=np.concatenate(prompts).astype(np.int32),
-            prompt_offsets=offsets(prompts),
-            response_token_ids=np.concatenate(responses).astype(np.int32),
-            response_offsets=offsets(responses),
-            behaviour_logprobs=np.concatenate([t.response.logprobs for t in turns]).astype(np.float32),
-            tip_spans=np.asarray(spans, dtype=np.int32).reshape(-1, 3),
-            policy_versions=np.asarray([t.response.policy_version for t in turns], dtype=np.int32),
-            num_memories=np.asarray([t.num_memories for t in turns], dtype=np.int32),
-            observations=[t.state for t in turns],
-            actions=[t.action for t in turns],
-            memory_retrieved=np.asarray([t.memory_retrieved for t in turns], dtype=np.uint8),
-            generated_texts=[t.response.text[:MAX_GENERATED_TEXT_CHARS] for t in turns],
-            success=is_success(done, score),
-            phase_seconds=dict(phase_seconds),
-            chain_starts=np.asarray([t.chain_start for t in turns], dtype=np.uint8),
-        )
-
-
-def open_episode_runner(cfg: PipelineConfig) -> EpisodeRunner:
-    """The env actor's episode logic over a fresh ScienceWorld; the caller closes runner.env (a JVM)."""
-    from transformers import AutoTokenizer
-
-    ecfg = cfg.env
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model.name, cfg.model.cache_dir or None))
-    acfg = cfg.env_actor
-    env = ScienceWorld(ecfg.simplification, step_limit=ecfg.env_step_limit)
-    budget = acfg.prompt_budget(cfg.policy_server.max_model_len)
-    prompts = PromptBuilder(tokenizer, acfg.history_window, budget)
-    demo_steps = acfg.demo_max_steps if acfg.demonstration else None
-    return EpisodeRunner(env, prompts, ecfg.max_steps, ecfg.task_limits(), demo_steps)
+log = logging.getLogger("env_actor")
 
 
 class ServerChooser:
@@ -555,119 +345,3 @@ class EnvWorker:
         m.last_score.set(trajectory.score)
         for s in stats.step_seconds:
             m.step_seconds.observe(s)
-
-
-class EnvActor:
-    """An env actor process: env_actor.envs_per_actor EnvWorkers, one ScienceWorld JVM each,
-    sharing the metrics and the server chooser. While one env waits on generation the others
-    step, so one process keeps several episodes in flight.
-
-    run() plays the replay buffer's assignments in one thread per env (the process's main);
-    play_all() plays a given list of assignments on the pool, for an evaluation driver."""
-
-    def __init__(self, cfg: PipelineConfig):
-        self.metrics = EnvActorMetrics()
-        chooser = ServerChooser(
-            len(cfg.endpoints.policy_servers), cfg.env_actor.server_selection, cfg.env_actor.policy_retry_after_s
-        )
-        self.workers = [EnvWorker(cfg, self.metrics, slot, chooser) for slot in range(cfg.env_actor.envs_per_actor)]
-        self._threads: dict[int, threading.Thread] = {}  # slot -> the thread of run() playing on it
-
-    def open(self) -> None:
-        """Every worker's env, built one after the other: transformers' lazy imports are not thread-safe."""
-        for worker in self.workers:
-            worker.open()
-
-    def wait_ready(
-        self,
-        buffer: bool = True,
-        memory: bool = False,
-        timeout_s: float | None = None,
-        on_wait: Callable[[str, float], None] | None = None,
-    ) -> None:
-        """EnvWorker.wait_ready for the pool: the servers answer every worker once they answer one."""
-        self.workers[0].wait_ready(buffer, memory, timeout_s, on_wait)
-
-    def play_all(
-        self,
-        assignments: Sequence[Assignment],
-        temperature: float | None = None,
-        on_episode: Callable[[int, Episode], None] | None = None,
-    ) -> list[Episode]:
-        """Play every assignment, the pool's envs concurrently (each takes the next one left), and
-        return the episodes in the order of `assignments`. `on_episode(index, episode)` runs in the
-        playing env's thread as each one ends (an evaluation records it there, so an interruption
-        loses only the episodes in flight). After a failure the envs take no new assignment; the
-        first failure is raised once all have stopped."""
-        self.open()
-        todo: queue.SimpleQueue[tuple[int, Assignment]] = queue.SimpleQueue()
-        for item in enumerate(assignments):
-            todo.put(item)
-        episodes: list[Episode | None] = [None] * len(assignments)
-        failures: list[BaseException] = []
-
-        def drain(worker: EnvWorker) -> None:
-            while not failures:
-                try:
-                    i, assignment = todo.get_nowait()
-                except queue.Empty:
-                    return
-                try:
-                    episodes[i] = worker.play(assignment, temperature)
-                    if on_episode is not None:
-                        on_episode(i, episodes[i])
-                except BaseException as exc:  # noqa: BLE001  (raised in the caller's thread below)
-                    failures.append(exc)
-
-        threads = [threading.Thread(target=drain, args=(w,), name=w.actor_id, daemon=True) for w in self.workers]
-        self._threads = dict(enumerate(threads))  # close() leaves a worker still playing (interrupted) alone
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if failures:
-            raise failures[0]
-        return episodes
-
-    def close(self) -> None:
-        """Return every unfinished slot, then close the workers' envs and sockets, except those of
-        a worker still playing in a run() thread: its sockets belong to that thread (the process's
-        exit ends it and its JVM)."""
-        for worker in self.workers:
-            worker.return_unfinished(zmq.Context.instance())
-        for slot, worker in enumerate(self.workers):
-            thread = self._threads.get(slot)
-            if thread is None or not thread.is_alive():
-                worker.close()
-
-    def run(self) -> None:
-        if len(self.workers) == 1:
-            return self.workers[0].run()
-        failures: list[BaseException] = []
-        self.open()
-
-        def play(worker: EnvWorker) -> None:
-            try:
-                worker.run()
-            except BaseException as exc:  # noqa: BLE001  (reported below: the process must end)
-                failures.append(exc)
-                log.exception("%s stopped", worker.actor_id)
-
-        self._threads = {
-            slot: threading.Thread(target=play, args=(w,), name=w.actor_id, daemon=True)
-            for slot, w in enumerate(self.workers)
-        }
-        for t in self._threads.values():
-            t.start()
-        while all(t.is_alive() for t in self._threads.values()):
-            time.sleep(THREAD_CHECK_S)
-        raise RuntimeError(f"an env thread stopped: {failures[0] if failures else 'unknown'}")
-
-
-def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> None:
-    cfg = cfg or role_config("empo2-env-actor", argv)
-    run_role(cfg, "env_actor", EnvActor, index=lambda cfg: cfg.env_actor.index)
-
-
-if __name__ == "__main__":
-    main()

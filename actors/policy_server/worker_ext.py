@@ -66,7 +66,7 @@ class WeightUpdateExtension:
 
         with mapped_weights(path) as weights:
             if lora_scale > 0:
-                from actors.weight_receiver import merged_lora_weights
+                from actors.policy_server.weight_receiver import merged_lora_weights
 
                 weights = merged_lora_weights(lora_base_dir, dict(weights), lora_scale)
             model = self.model_runner.get_model()

@@ -5,7 +5,7 @@ Socket: ROUTER bound at endpoints.policy_servers[index].
        WeightChunk | WeightFile | NcclTransferInit | NcclTransferUpdate (learner, by weight_sync.method)
   out: Pong, GenerateResponse, WeightUpdateAck, ErrorReply
 Requests are served concurrently (one asyncio task each) and batched continuously by the
-engine; a weight update is applied atomically between generations (actors/policy_engine.py).
+engine; a weight update is applied atomically between generations (actors/policy_server/engine.py).
 
 Run: `empo2-policy-server policy_server.index=0 [key=value ...]` (see README, "Processes").
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from actors.weight_receiver import WeightAssembler, WeightUpdateError
+from actors.policy_server.weight_receiver import WeightAssembler, WeightUpdateError
 from common.logs import setup_logging
 from common.metrics import PolicyServerMetrics
 from common.model_prep import model_vocab_size, resolve_model
@@ -98,7 +98,7 @@ class PolicyServer:
         # an unfinished zmq update holds at most twice the model's weights (a learner in float32 pushing
         # to a bfloat16 server sends twice the bytes of its files)
         self.assembler.max_bytes = 2 * sum(f.stat().st_size for f in Path(model_path).glob("*.safetensors"))
-        from actors.policy_engine import PolicyEngine  # late: importing vLLM takes seconds
+        from actors.policy_server.engine import PolicyEngine  # late: importing vLLM takes seconds
 
         t0 = time.time()
         self.engine = await asyncio.to_thread(

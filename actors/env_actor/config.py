@@ -1,25 +1,11 @@
-"""Configuration of the two actor-side roles: policy servers (vLLM) and env actors (ScienceWorld).
-
-They also read the shared sections of pipeline/config.py: `env` (the ScienceWorld episodes),
-`weight_sync` (how the learner's weights arrive), `endpoints`, `model`, `metrics`."""
+"""The env actor's section (`env_actor`): how episodes are played and prompted, and how the actor
+talks to the servers."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from common.choices import Choice, Device
-
-
-class Dtype(Choice):
-    auto = "auto"  # float32 on CPU (bf16 is ~5x slower on AVX2), bfloat16 on GPU
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
-
-
-class OnUpdate(Choice):
-    finish = "finish"  # requests in flight at a weight update finish on the old weights first
-    abort = "abort"  # they are aborted and run again on the new weights (the update waits for nothing)
+from common.choices import Choice
 
 
 class ServerSelection(Choice):
@@ -28,35 +14,11 @@ class ServerSelection(Choice):
 
 
 @dataclass
-class PolicyServerConfig:
-    index: int = 0  # which of endpoints.policy_servers this process serves (set per process)
-    device: Device = Device.auto  # auto | cpu | cuda; "cuda" without a GPU fails at start-up
-    dtype: Dtype = Dtype.auto  # auto = float32 on CPU, bfloat16 on GPU
-    max_model_len: int = 2048  # prompt + response tokens per request
-    gpu_memory_utilization: float = 0.3  # GPU: the share of device memory vLLM may use
-    # CPU: vLLM's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND): "nobind" = one per core, unpinned; a core
-    # list ("0", "0-1") pins one thread per listed core. "0" on a 2-core host leaves a core to the env
-    # actors and the learner (benchmarks/README.md: same env steps/s at 4 actors, 0.7 of the CPU; slower
-    # with 1 actor)
-    cpu_omp_threads_bind: str = "nobind"
-    # CPU: host memory for the KV cache (1 GiB = ~23k tokens of the 135M model); vLLM's own CPU default
-    # takes a share of all RAM per engine (OOM with two)
-    cpu_kv_cache_gib: int = 1
-    tensor_parallel_size: int = 1  # >1 needs as many GPUs (vLLM's native tensor parallelism)
-    enforce_eager: bool = True  # CUDA graphs cost start-up time; worth it only on long GPU runs
-    on_update: OnUpdate = OnUpdate.finish  # requests in flight at a weight update: finish | abort
-    weight_staging_dir: str = "/dev/shm"  # where received weights are staged for the engine
-    allowed_weight_dirs: list[str] = field(default_factory=lambda: ["/dev/shm"])  # WeightFile paths must lie here
-    max_weight_message_bytes: int = 1 << 30  # size limit of one WeightChunk message
-    max_request_message_bytes: int = 8 << 20  # size limit of any other request
-
-
-@dataclass
 class EnvActorConfig:
     index: int = 0  # this actor's number (set per process): its id and metrics port
     envs_per_actor: int = 1  # ScienceWorld envs (one JVM and one thread each) played concurrently by one process
     server_selection: ServerSelection = ServerSelection.least_loaded  # least_loaded | round_robin
-    # The prompt (actors/prompts.py): the reference's, adapted from RLVMR. A system part (instructions,
+    # The prompt (actors/env_actor/prompts.py): the reference's, adapted from RLVMR. A system part (instructions,
     # the task, one expert demonstration, the env's action templates), then the episode as a chat.
     history_window: int = 0  # past turns shown: 0 = all (the reference), N = the last N
     # The prompt's token limit: 0 = policy_server.max_model_len - max_action_tokens. Past it the oldest

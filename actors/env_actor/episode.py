@@ -1,0 +1,215 @@
+"""The episode logic: one ScienceWorld episode played turn by turn with a policy and a memory given as
+callables, so it runs without sockets in tests (EpisodeRunner); its trajectory is what the replay
+buffer stores."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from actors.env_actor.prompts import Demonstration, PromptBuilder, TaskContext, executed_note
+from common.model_prep import resolve_model
+from common.scienceworld import ScienceWorld, most_similar_action
+from pipeline.config import PipelineConfig
+from protocol.messages import (
+    MAX_GENERATED_TEXT_CHARS,
+    TIP_MODES,
+    Assignment,
+    GenerateResponse,
+    Trajectory,
+    is_success,
+)
+
+# The generation seed of turn t is assignment.seed * TURN_SEEDS + t: one seed per turn, distinct
+# across the episodes of a group as long as an episode has fewer turns than this (max_steps).
+TURN_SEEDS = 1000
+
+# (prompt token ids, seed) -> response;   (task, variation, state) -> (tips, n) or None if unreachable
+GenerateFn = Callable[[np.ndarray, int], GenerateResponse]
+RetrieveFn = Callable[[str, int, str], "tuple[list[str], int] | None"]
+
+
+@dataclass
+class Turn:
+    prompt_ids: np.ndarray
+    tip_spans: list[tuple[int, int]]
+    response: GenerateResponse
+    num_memories: int
+    memory_retrieved: bool  # the retrieval answered (False: it failed, or the mode shows no tips)
+    state: str
+    action: str
+    chain_start: bool  # the prompt does not extend the previous turn's prompt and response
+
+
+@dataclass
+class EpisodeStats:
+    invalid_actions: int = 0
+    memory_fallbacks: int = 0
+    tips_shown: int = 0
+    step_seconds: list[float] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)  # each turn's prompt length
+    phase_seconds: dict[str, float] = field(default_factory=dict)  # ROLLOUT_PHASES of the turns, summed
+
+    def timed(self, phase: str, t0: float) -> float:
+        """Add the time since t0 to `phase`; returns now (the next phase's t0)."""
+        now = time.perf_counter()
+        self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + now - t0
+        return now
+
+
+@dataclass
+class Episode:
+    """A played episode (EnvWorker.play): the trajectory for the replay buffer, the env's task
+    description (the memory service's reflection prompt quotes it) and the turns' statistics."""
+
+    trajectory: Trajectory
+    task_description: str
+    stats: EpisodeStats
+
+
+class EpisodeRunner:
+    """One episode at a time on one env. demo_steps: None = no demonstration in the prompt; 0 = the
+    whole gold path of the demonstration variation; N = its first N actions (env_actor.demonstration,
+    env_actor.demo_max_steps)."""
+
+    def __init__(
+        self,
+        env: ScienceWorld,
+        prompts: PromptBuilder,
+        max_steps: int,
+        max_steps_per_task: dict[str, int] | None = None,
+        demo_steps: int | None = None,
+    ):
+        self.env, self.prompts = env, prompts
+        self.max_steps, self.max_steps_per_task = max_steps, dict(max_steps_per_task or {})
+        self.demo_steps = demo_steps
+        self._task_parts: dict[str, tuple[list[int], dict[int, Demonstration], list[str]]] = {}
+
+    def step_limit(self, task: str) -> int:
+        return self.max_steps_per_task.get(task, self.max_steps)
+
+    def demo_variation(self, task: str, variation: int) -> int | None:
+        """The training variation whose gold path demonstrates `task` to an episode of `variation`:
+        the first training variation other than the one played (never a test variation: for a test
+        variation, the first training one)."""
+        train = self._parts(task)[0]
+        return next((v for v in train if v != variation), None)
+
+    def prompt_parts(self, task: str, variation: int) -> tuple[Demonstration | None, list[str]]:
+        """The demonstration and the action templates of the episode's system message (this may load
+        another variation: call it before reset)."""
+        _, demos, templates = self._parts(task)
+        demo = None
+        if self.demo_steps is not None:
+            demo_variation = self.demo_variation(task, variation)
+            if demo_variation is not None:
+                if demo_variation not in demos:
+                    description, actions = self.env.demonstration(task, demo_variation)
+                    demos[demo_variation] = Demonstration(demo_variation, description, actions)
+                demo = demos[demo_variation]
+                if self.demo_steps > 0:
+                    demo = Demonstration(demo.variation, demo.task_description, demo.actions[: self.demo_steps])
+        return demo, templates
+
+    def _parts(self, task: str) -> tuple[list[int], dict[int, Demonstration], list[str]]:
+        """Per task, cached: its training variations, the demonstrations built so far, its templates."""
+        if task not in self._task_parts:
+            train = self.env.train_variations(task)  # loads the task: the templates are its
+            self._task_parts[task] = (train, {}, self.env.action_templates())
+        return self._task_parts[task]
+
+    def play(
+        self, a: Assignment, actor_id: str, generate: GenerateFn, retrieve: RetrieveFn
+    ) -> tuple[Trajectory, EpisodeStats]:
+        stats = EpisodeStats()
+        demo, templates = self.prompt_parts(a.task, a.variation)
+        result = self.env.reset(a.task, a.variation)
+        chat = self.prompts.chat(TaskContext(self.env.task_description, demo, templates))
+        turns: list[Turn] = []
+        note = ""  # the user turn's word on the action executed at the turn before, when it was mapped
+        for t in range(self.step_limit(a.task)):
+            t0 = tick = time.perf_counter()
+            tips, n, retrieved = [], 0, False
+            if a.mode in TIP_MODES:
+                found = retrieve(a.task, a.variation, result.state)
+                if found is None:  # memory unreachable: no tips, n = 0, marked not retrieved
+                    stats.memory_fallbacks += 1
+                else:
+                    (tips, n), retrieved = found, True
+                    stats.tips_shown += len(tips)
+                tick = stats.timed("memory_retrieval", tick)
+            prompt = chat.prompt(result.state, tips, note)
+            stats.prompt_tokens.append(len(prompt.token_ids))
+            tick = stats.timed("prompt", tick)
+            response = generate(prompt.token_ids, a.seed * TURN_SEEDS + t)
+            tick = stats.timed("generation", tick)
+            chat.answered(result.state, tips, note, response.token_ids)
+            action, mapped = most_similar_action(response.text, result.valid_actions)
+            stats.invalid_actions += int(mapped)
+            note = executed_note(action) if mapped else ""
+            turns.append(
+                Turn(
+                    prompt.token_ids, prompt.tip_spans, response, n, retrieved, result.state, action, prompt.chain_start
+                )
+            )
+            result = self.env.step(action)
+            stats.timed("env_step", tick)
+            stats.step_seconds.append(time.perf_counter() - t0)
+            if result.done:
+                break
+        return self._trajectory(a, actor_id, turns, result.score, result.done, stats.phase_seconds), stats
+
+    @staticmethod
+    def _trajectory(
+        a: Assignment, actor_id: str, turns: list[Turn], score: float, done: bool, phase_seconds: dict[str, float]
+    ) -> Trajectory:
+        def offsets(arrays):
+            return np.concatenate([[0], np.cumsum([len(x) for x in arrays])]).astype(np.int64)
+
+        prompts = [t.prompt_ids for t in turns]
+        responses = [t.response.token_ids for t in turns]
+        spans = [(i, s, e) for i, t in enumerate(turns) for s, e in t.tip_spans]
+        return Trajectory(
+            episode_id=uuid.uuid4().hex,
+            group_id=a.group_id,
+            slot=a.slot,
+            actor_id=actor_id,
+            task=a.task,
+            variation=a.variation,
+            mode=a.mode,
+            score=score,
+            done=done,
+            prompt_token_ids=np.concatenate(prompts).astype(np.int32),
+            prompt_offsets=offsets(prompts),
+            response_token_ids=np.concatenate(responses).astype(np.int32),
+            response_offsets=offsets(responses),
+            behaviour_logprobs=np.concatenate([t.response.logprobs for t in turns]).astype(np.float32),
+            tip_spans=np.asarray(spans, dtype=np.int32).reshape(-1, 3),
+            policy_versions=np.asarray([t.response.policy_version for t in turns], dtype=np.int32),
+            num_memories=np.asarray([t.num_memories for t in turns], dtype=np.int32),
+            observations=[t.state for t in turns],
+            actions=[t.action for t in turns],
+            memory_retrieved=np.asarray([t.memory_retrieved for t in turns], dtype=np.uint8),
+            generated_texts=[t.response.text[:MAX_GENERATED_TEXT_CHARS] for t in turns],
+            success=is_success(done, score),
+            phase_seconds=dict(phase_seconds),
+            chain_starts=np.asarray([t.chain_start for t in turns], dtype=np.uint8),
+        )
+
+
+def open_episode_runner(cfg: PipelineConfig) -> EpisodeRunner:
+    """The env actor's episode logic over a fresh ScienceWorld; the caller closes runner.env (a JVM)."""
+    from transformers import AutoTokenizer
+
+    ecfg = cfg.env
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model.name, cfg.model.cache_dir or None))
+    acfg = cfg.env_actor
+    env = ScienceWorld(ecfg.simplification, step_limit=ecfg.env_step_limit)
+    budget = acfg.prompt_budget(cfg.policy_server.max_model_len)
+    prompts = PromptBuilder(tokenizer, acfg.history_window, budget)
+    demo_steps = acfg.demo_max_steps if acfg.demonstration else None
+    return EpisodeRunner(env, prompts, ecfg.max_steps, ecfg.task_limits(), demo_steps)

@@ -1,0 +1,44 @@
+"""The policy server's section (`policy_server`): the vLLM engine that serves the policy and takes
+the learner's weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.choices import Choice, Device
+
+
+class Dtype(Choice):
+    auto = "auto"  # float32 on CPU (bf16 is ~5x slower on AVX2), bfloat16 on GPU
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class OnUpdate(Choice):
+    finish = "finish"  # requests in flight at a weight update finish on the old weights first
+    abort = "abort"  # they are aborted and run again on the new weights (the update waits for nothing)
+
+
+@dataclass
+class PolicyServerConfig:
+    index: int = 0  # which of endpoints.policy_servers this process serves (set per process)
+    device: Device = Device.auto  # auto | cpu | cuda; "cuda" without a GPU fails at start-up
+    dtype: Dtype = Dtype.auto  # auto = float32 on CPU, bfloat16 on GPU
+    max_model_len: int = 2048  # prompt + response tokens per request
+    gpu_memory_utilization: float = 0.3  # GPU: the share of device memory vLLM may use
+    # CPU: vLLM's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND): "nobind" = one per core, unpinned; a core
+    # list ("0", "0-1") pins one thread per listed core. "0" on a 2-core host leaves a core to the env
+    # actors and the learner (benchmarks/README.md: same env steps/s at 4 actors, 0.7 of the CPU; slower
+    # with 1 actor)
+    cpu_omp_threads_bind: str = "nobind"
+    # CPU: host memory for the KV cache (1 GiB = ~23k tokens of the 135M model); vLLM's own CPU default
+    # takes a share of all RAM per engine (OOM with two)
+    cpu_kv_cache_gib: int = 1
+    tensor_parallel_size: int = 1  # >1 needs as many GPUs (vLLM's native tensor parallelism)
+    enforce_eager: bool = True  # CUDA graphs cost start-up time; worth it only on long GPU runs
+    on_update: OnUpdate = OnUpdate.finish  # requests in flight at a weight update: finish | abort
+    weight_staging_dir: str = "/dev/shm"  # where received weights are staged for the engine
+    allowed_weight_dirs: list[str] = field(default_factory=lambda: ["/dev/shm"])  # WeightFile paths must lie here
+    max_weight_message_bytes: int = 1 << 30  # size limit of one WeightChunk message
+    max_request_message_bytes: int = 8 << 20  # size limit of any other request
