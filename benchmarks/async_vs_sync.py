@@ -1,7 +1,7 @@
 """Async vs sync: the same pipeline (empo2-run, every role a process) in pipeline.mode=async and
 pipeline.mode=sync, on the same config, for the same wall budget each, in one invocation.
 
-Each mode runs `python -m deploy.launch` with launch.timeout_s = --budget-s (the budget ends the
+Each mode runs `python -m pipeline empo2-run` with launch.timeout_s = --budget-s (the budget ends the
 run; learner.total_steps is out of reach) in its own run dir, then its metrics log
 (<run_dir>/metrics.jsonl, one record per learner step) is read. Rates are over the window from
 the first learner step to the last (the start-up, the same in both modes, is left out):
@@ -14,8 +14,8 @@ the first learner step to the last (the start-up, the same in both modes, is lef
 and the ratio async / sync of learner steps per hour. The result goes to
 benchmarks/results/async_vs_sync.json.
 
-The lockstep audit: while a mode runs, the policy server's metrics are polled every
-POLL_S (its generated-token counter and its requests in flight), and each learner step's busy
+The lockstep audit (deploy/lockstep.py): while a mode runs, the policy server's metrics are polled
+every POLL_S (its generated-token counter and its requests in flight), and each learner step's busy
 interval (its end in the metrics log, minus the seconds of its phases after the batch arrived) is
 checked against them: generated tokens and polls with a request in flight strictly inside a busy
 interval. Sync mode must show none (GRPO: no reflection runs on the policy server); async mode
@@ -30,16 +30,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from benchmarks.record import REPO, run_header, write_result
-from deploy.monitor import scrape, total
-from evaluation.plot import read_log
-
-POLL_S = 0.25  # how often the policy server's generation metrics are read during a run
+from deploy.lockstep import lockstep_audit, polled_run, step_records
 
 # the CPU profile with two groups in flight, so the async mode can play ahead of the learner (the
 # profile's 1 and 1 would make both modes lockstep); ports away from the defaults and the tests'
@@ -71,15 +67,6 @@ CORES = {
 }
 
 
-def step_records(run_dir: Path) -> list[dict]:
-    """The learner's step records (a cut last line skipped); none when the run ended before its
-    first learner step (see its launch.out)."""
-    try:
-        return read_log(run_dir)[0]
-    except FileNotFoundError:
-        return []
-
-
 def measure(run_dir: Path, envs: int) -> dict:
     steps = step_records(run_dir)
     if len(steps) < 2:
@@ -99,60 +86,6 @@ def measure(run_dir: Path, envs: int) -> dict:
         "staleness_mean": sum(r["staleness_mean_versions"] for r in steps) / len(steps),
         "step_seconds_mean": sum(r["step_seconds"] for r in steps) / len(steps),
     }
-
-
-def busy_intervals(steps: list[dict]) -> list[tuple[float, float]]:
-    """(start, end) wall times of each learner step's work after its batch arrived: the record is
-    written at the end, and its phases other than batch_wait are the work (learner/step.py PHASES)."""
-    return [
-        (r["wall_time"] - sum(s for p, s in r["phase_seconds"].items() if p != "batch_wait"), r["wall_time"])
-        for r in steps
-    ]
-
-
-def lockstep_audit(steps: list[dict], polls: list[tuple[float, float, float]]) -> dict:
-    """Generation inside the learner's busy intervals, from `polls` of the policy server: (wall
-    time, generated tokens so far, requests in flight). An interval is shrunk by one poll period at
-    each end, so a generation that finished just before the step or starts just after it, within
-    the polling resolution, does not count."""
-    tokens, in_flight, checked = 0.0, 0, 0
-    for start, end in busy_intervals(steps):
-        inside = [p for p in polls if start + POLL_S < p[0] < end - POLL_S]
-        if len(inside) < 2:
-            continue
-        checked += 1
-        tokens += inside[-1][1] - inside[0][1]
-        in_flight += sum(1 for p in inside if p[2] > 0)
-    return {
-        "steps_checked": checked,
-        "polls": len(polls),
-        "generated_tokens_during_learner_steps": tokens,
-        "polls_with_requests_in_flight_during_learner_steps": in_flight,
-    }
-
-
-def run_mode(config: list[str], mode: str, run_dir: Path, server_metrics: tuple[str, int]) -> list[tuple]:
-    """empo2-run in `mode` until its budget ends it, polling the policy server's generation metrics."""
-    polls = []
-    with open(run_dir / "launch.out", "w") as out:
-        launcher = subprocess.Popen(
-            [sys.executable, "-m", "deploy.launch", *config, f"pipeline.mode={mode}", f"run_dir={run_dir}"],
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        while launcher.poll() is None:
-            samples = scrape(*server_metrics, timeout_s=1.0)
-            if samples:
-                polls.append(
-                    (
-                        time.time(),
-                        total(samples, "empo2_policy_server_generated_tokens_total"),
-                        total(samples, "empo2_policy_server_requests_in_flight"),
-                    )
-                )
-            time.sleep(POLL_S)
-    return polls
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = (REPO / args.run_root / f"{mode}-{int(time.time())}").resolve()
         run_dir.mkdir(parents=True)
         print(f"[async_vs_sync] {mode}: {args.budget_s:.0f}s in {run_dir}", flush=True)
-        polls = run_mode(config, mode, run_dir, (cfg.metrics.host, cfg.metrics.port("policy_server", 0)))
+        polls = polled_run([*config, f"pipeline.mode={mode}"], run_dir, cwd=REPO)
         result[mode] = {"run_dir": str(run_dir.relative_to(REPO)), **measure(run_dir, envs)}
         result[mode]["lockstep_audit"] = lockstep_audit(step_records(run_dir), polls)
         print(f"[async_vs_sync] {mode}: {json.dumps(result[mode])}", flush=True)

@@ -31,7 +31,7 @@ import numpy as np
 import zmq
 
 from benchmarks.record import REPO, run_header, write_result
-from common.process import role_env, spawn_role, stop_group
+from common.process import role_env, spawn_command, stop_group
 from protocol import Client
 from protocol.messages import GenerateRequest
 from protocol.transport import wait_until_ready
@@ -100,7 +100,7 @@ def serve(tmp: Path, env: dict, bind: str) -> subprocess.Popen:
         "metrics.base_port=46600",
         f"policy_server.cpu_omp_threads_bind={bind}",
     ]
-    proc = spawn_role("actors.policy_server.server", overrides, tmp / f"policy_server-{bind}.log", env_extra=env)
+    proc = spawn_command("empo2-policy-server", overrides, tmp / f"policy_server-{bind}.log", env_extra=env)
     client = Client(zmq.Context.instance(), SERVER, 5)
     try:
         wait_until_ready(client, "colocation", timeout_s=600)

@@ -54,10 +54,11 @@ from common.model_prep import resolve_model
 from common.process import exit_on_sigterm
 from common.scienceworld import ScienceWorld
 from common.server import serve_requests
-from deploy.launch import Launcher, role_commands
+from deploy.launch import Launcher
 from deploy.monitor import scrape, total
 from pipeline.config import PipelineConfig, load_config
-from protocol.messages import Ack, EpisodeReport, GenerateRequest, MemoryQuery, MemoryResult, Ping, Pong
+from pipeline.roles import run_roles
+from protocol.messages import Ack, EpisodeReport, MemoryQuery, MemoryResult, Ping, Pong
 
 HERE = Path(__file__).resolve().parent
 # below 32768: ports in Linux's ephemeral range (32768-60999) can be taken by any outgoing
@@ -246,24 +247,9 @@ async def llm_alone(
         i = k
         while time.perf_counter() < t1:
             # the request an actor sends (EnvWorker.generate), served as the policy server does
-            req = GenerateRequest(
-                request_id=f"{tag}-{i}",
-                prompt_token_ids=prompts[i % len(prompts)],
-                max_tokens=acfg.max_action_tokens,
-                temperature=acfg.temperature,
-                seed=i,
-                stop=["\n"],
-            )
+            req = acfg.action_request(f"{tag}-{i}", prompts[i % len(prompts)], seed=i)
             t = time.perf_counter()
-            out = await engine.generate(
-                req.request_id,
-                req.prompt_token_ids.tolist(),
-                req.max_tokens,
-                req.temperature,
-                req.top_p,
-                req.seed,
-                req.stop,
-            )
+            out = await engine.generate(req)
             done[k].append(time.perf_counter())
             tokens.append(len(out.token_ids))
             if t0 <= done[k][-1] < t1:
@@ -379,7 +365,7 @@ def pipeline_run(
     timeout_s: float,
 ) -> Rate:
     cfg = load_config([*base_overrides, f"launch.num_env_actors={actors}"])
-    launcher = Launcher(cfg, base_overrides, roles=[r for r in role_commands(cfg) if r[0].startswith("env_actor")])
+    launcher = Launcher(cfg, base_overrides, roles=[r for r in run_roles(cfg) if r[0].startswith("env_actor")])
     try:
         launcher.start()
         t_start = time.monotonic()
@@ -531,72 +517,69 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    exit_on_sigterm()  # SIGTERM runs the finally blocks below like Ctrl-C does
-    wall0, load_at_start = time.perf_counter(), os.getloadavg()
-    run_dir = tempfile.mkdtemp(prefix="empo2-bench-env-")
-    probe = load_config(overrides(args, run_dir, 1))
-    epa = probe.env_actor.envs_per_actor
+@dataclass
+class Measured:
+    """The three stages' rates per actor count, and what stage (b) ran on."""
+
+    engine_start_s: float = 0.0
+    env_rates: list[Rate] = field(default_factory=list)
+    llm_rates: list[Rate] = field(default_factory=list)
+    pipeline_rates: list[Rate] = field(default_factory=list)
+    prompts: list[np.ndarray] = field(default_factory=list)  # (b)'s prompts of the last actor count
+
+
+def configure(args: argparse.Namespace, run_dir: str) -> tuple[list[str], PipelineConfig, int, list[int]]:
+    """The overrides and config sized for the largest concurrency, the envs per actor and the
+    concurrencies (envs in flight) of the actor counts."""
+    epa = load_config(overrides(args, run_dir, 1)).env_actor.envs_per_actor
     concurrencies = [n * epa for n in args.actors]
     base = overrides(args, run_dir, max(concurrencies))
-    cfg = load_config(base)
-    acfg = cfg.env_actor
-    print(
-        f"[bench] run dir {run_dir}; tasks {cfg.replay_buffer.tasks}, max_steps {cfg.env.max_steps}, "
-        f"envs per actor {epa}, concurrencies {concurrencies}",
-        flush=True,
-    )
+    return base, load_config(base), epa, concurrencies
 
-    # Per actor count: (a), (b), (c), (b) again, so the stages of one row see a similar machine
-    # load. One engine for (b) in this process, one policy server + buffer for (c), both kept.
+
+def env_stage(
+    args: argparse.Namespace, cfg: PipelineConfig, envs_in_flight: int, n: int, decisions: list[Decision], pids
+) -> Rate:
+    """(a) ScienceWorld alone, each env built as an actor builds its env (open_episode_runner)."""
+    rb = cfg.replay_buffer
+    envs: list[ScienceWorld] = []
+    try:
+        for _ in range(envs_in_flight):
+            envs.append(ScienceWorld(cfg.env.simplification, step_limit=max(100, cfg.env.max_steps + 1)))
+        targets = [(task, v) for task in rb.tasks for v in envs[0].train_variations(task)[: rb.variations_per_task]]
+        return env_alone(cfg, envs, targets, args.stage_warmup_s, args.stage_window_s, args.seed + n, decisions, pids)
+    finally:
+        for env in envs:
+            env.close()
+
+
+def measure(args: argparse.Namespace, base: list[str], cfg: PipelineConfig, concurrencies: list[int]) -> Measured:
+    """Per actor count: (a), (b), (c), (b) again, so the stages of one row see a similar machine
+    load. One engine for (b) in this process, one policy server + buffer for (c), both kept."""
     from actors.policy_server.engine import PolicyEngine
 
+    epa = cfg.env_actor.envs_per_actor
     builder = prompt_builder(cfg)
     decisions: list[Decision] = []
-    env_rates: list[Rate] = []
-    llm_rates: list[Rate] = []
-    pipeline_rates: list[Rate] = []
-    rb = cfg.replay_buffer
+    measured = Measured()
     loop = asyncio.new_event_loop()  # the engine's output task lives in this loop between stages
-    server = Launcher(cfg, base, roles=[r for r in role_commands(cfg) if r[0] in ("policy_server0", "replay_buffer")])
+    server = Launcher(cfg, base, roles=[r for r in run_roles(cfg) if r[0] in ("policy_server0", "replay_buffer")])
     engine = None
     try:
         t = time.perf_counter()
         model_path = resolve_model(cfg.model.name, cfg.model.cache_dir or None)
         engine = PolicyEngine(model_path, cfg.policy_server, cfg.seed, cfg.weight_sync.method)
-        engine_start_s = time.perf_counter() - t
+        measured.engine_start_s = time.perf_counter() - t
         memory_stub(cfg.endpoints.memory_service)
         server.start()
         wait_for_server(cfg, server, args.start_timeout_s)
         pipeline_pids = [c.process.pid for c in server.children]
         for n, c in zip(args.actors, concurrencies):
-            # (a) ScienceWorld alone, each env built as an actor builds its env (open_episode_runner)
-            envs: list[ScienceWorld] = []
-            try:
-                for _ in range(c):
-                    envs.append(ScienceWorld(cfg.env.simplification, step_limit=max(100, cfg.env.max_steps + 1)))
-                targets = [
-                    (task, v) for task in rb.tasks for v in envs[0].train_variations(task)[: rb.variations_per_task]
-                ]
-                env_rates.append(
-                    env_alone(
-                        cfg,
-                        envs,
-                        targets,
-                        args.stage_warmup_s,
-                        args.stage_window_s,
-                        args.seed + n,
-                        decisions,
-                        pipeline_pids,
-                    )
-                )
-            finally:
-                for env in envs:
-                    env.close()
-            print(f"[bench] (a) env alone, {c} envs: {env_rates[-1].steps_per_s:.2f} steps/s", flush=True)
+            measured.env_rates.append(env_stage(args, cfg, c, n, decisions, pipeline_pids))
+            print(f"[bench] (a) env alone, {c} envs: {measured.env_rates[-1].steps_per_s:.2f} steps/s", flush=True)
             # (b) the policy engine alone on actor prompts from (a)'s observations, before and after (c)
             prompts = build_prompts(builder, decisions, args.prompts, args.seed + n)
+            measured.prompts = prompts
 
             def llm(tag: str, prompts=prompts, c=c, n=n) -> Rate:
                 rate = loop.run_until_complete(
@@ -609,25 +592,40 @@ def main(argv: list[str] | None = None) -> None:
 
             before = llm("before")
             # (c) N env actor processes against the policy server and buffer
-            pipeline_rates.append(
-                pipeline_run(base, n, epa, server, args.warmup_s, args.window_s, args.start_timeout_s)
-            )
+            pipeline = pipeline_run(base, n, epa, server, args.warmup_s, args.window_s, args.start_timeout_s)
+            measured.pipeline_rates.append(pipeline)
             print(
-                f"[bench] (c) pipeline, {n} actors: {pipeline_rates[-1].steps_per_s:.2f} steps/s "
-                f"(actor counters {pipeline_rates[-1].extra['actor_env_steps_per_s']:.2f})",
+                f"[bench] (c) pipeline, {n} actors: {pipeline.steps_per_s:.2f} steps/s "
+                f"(actor counters {pipeline.extra['actor_env_steps_per_s']:.2f})",
                 flush=True,
             )
-            llm_rates.append(merge(before, llm("after")))
+            measured.llm_rates.append(merge(before, llm("after")))
     finally:
         server.stop()
         if engine is not None:
             engine.shutdown()
         loop.close()
+    return measured
 
-    rows = [analyse(n, a, b, c) for n, a, b, c in zip(args.actors, env_rates, llm_rates, pipeline_rates)]
+
+def report(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    base: list[str],
+    cfg: PipelineConfig,
+    measured: Measured,
+    wall0: float,
+    load_at_start: tuple[float, float, float],
+) -> None:
+    """The table and details printed, and the result written to --out."""
+    acfg, prompts = cfg.env_actor, measured.prompts
+    rows = [
+        analyse(n, a, b, c)
+        for n, a, b, c in zip(args.actors, measured.env_rates, measured.llm_rates, measured.pipeline_rates)
+    ]
     wall_s = time.perf_counter() - wall0
     print_table(rows)
-    print_details(args.actors, env_rates, llm_rates, pipeline_rates)
+    print_details(args.actors, measured.env_rates, measured.llm_rates, measured.pipeline_rates)
     print(
         f"wall time {wall_s:.0f} s; load average at start {load_at_start[0]:.2f}; prompts for (b) "
         f"{len(prompts)} (mean {np.mean([len(p) for p in prompts]):.0f} tokens)"
@@ -647,20 +645,35 @@ def main(argv: list[str] | None = None) -> None:
             "history_window": acfg.history_window,
             "max_action_tokens": acfg.max_action_tokens,
             "temperature": acfg.temperature,
-            "envs_per_actor": epa,
+            "envs_per_actor": acfg.envs_per_actor,
             "model": cfg.model.name,
             "policy_server": asdict(cfg.policy_server),
         },
         "settings": {k: (repo_relative(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "prompts": {"count": len(prompts), "mean_tokens": float(np.mean([len(p) for p in prompts]))},
-        "engine_start_s": engine_start_s,
-        "env_alone": [asdict(r) for r in env_rates],
-        "llm_alone": [asdict(r) for r in llm_rates],
-        "pipeline": [asdict(r) for r in pipeline_rates],
+        "engine_start_s": measured.engine_start_s,
+        "env_alone": [asdict(r) for r in measured.env_rates],
+        "llm_alone": [asdict(r) for r in measured.llm_rates],
+        "pipeline": [asdict(r) for r in measured.pipeline_rates],
         "table": rows,
         "wall_s": wall_s,
     }
     write_result(args.out, result)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    exit_on_sigterm()  # SIGTERM runs the finally blocks of measure like Ctrl-C does
+    wall0, load_at_start = time.perf_counter(), os.getloadavg()
+    run_dir = tempfile.mkdtemp(prefix="empo2-bench-env-")
+    base, cfg, epa, concurrencies = configure(args, run_dir)
+    print(
+        f"[bench] run dir {run_dir}; tasks {cfg.replay_buffer.tasks}, max_steps {cfg.env.max_steps}, "
+        f"envs per actor {epa}, concurrencies {concurrencies}",
+        flush=True,
+    )
+    measured = measure(args, base, cfg, concurrencies)
+    report(args, argv, base, cfg, measured, wall0, load_at_start)
 
 
 if __name__ == "__main__":

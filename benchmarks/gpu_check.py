@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -101,31 +102,36 @@ def build_model(config_dir: Path, out: Path, tiny: bool, seed: int = 0) -> dict:
 
 
 def group(step: int, vocab: int) -> list:
-    """One GRPO group shaped as tests/factories.mixed_group's, each turn its own chain (4 episodes of 2 turns: on-policy,
-    on-policy with tips, off-policy, on-policy; tips at prompt tokens 1..3; scores 0/25/50/75; versions
-    = step), with prompts of 100-300 and responses of 8-24 tokens over the model's vocabulary, and
-    behaviour log-probs near a random-init model's (about -log V), so that ratios fall on both sides
-    of the clip."""
-    from protocol.messages import ON_POLICY
-    from tests.factories import GROUP_MODES, Turn, group_episode
+    """One GRPO group shaped as the tests' mixed groups (tests/factories.py), each turn its own chain
+    (4 episodes of 2 turns: on-policy, on-policy with tips, off-policy, on-policy; tips at prompt
+    tokens 1..3; scores 0/25/50/75; versions = step), with prompts of 100-300 and responses of 8-24
+    tokens over the model's vocabulary, and behaviour log-probs near a random-init model's (about
+    -log V), so that ratios fall on both sides of the clip."""
+    from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory, TurnRecord
 
     rng = np.random.default_rng(1000 + step)
     centre = -math.log(vocab)
     out = []
-    for slot in range(4):
-        spans = [(1, 3)] if GROUP_MODES[slot] != ON_POLICY else []
+    for slot, mode in enumerate((ON_POLICY, ON_POLICY_TIPS, OFF_POLICY, ON_POLICY)):
         turns = []
-        for _ in range(2):
+        for memories, observation, action in [(1, "a room", "look"), (3, f"room {slot}", "go")]:
             response = rng.integers(3, vocab, rng.integers(8, 25))
             turns.append(
-                Turn(
-                    prompt=rng.integers(3, vocab, rng.integers(100, 301)),
-                    response=response,
+                TurnRecord(
+                    prompt_ids=rng.integers(3, vocab, rng.integers(100, 301)),
+                    response_ids=response,
                     logprobs=centre + rng.uniform(-0.6, 0.4, len(response)),
-                    tip_spans=spans,
+                    observation=observation,
+                    action=action,
+                    policy_version=step,
+                    tip_spans=[(1, 3)] if mode != ON_POLICY else [],
+                    num_memories=memories,
                 )
             )
-        out.append(group_episode(step, slot, turns))
+        episode = dict(episode_id=f"{step}-{slot}", group_id=f"g{step}", slot=slot, actor_id="actor-0", task="t")
+        traj = Trajectory.from_turns(turns, **episode, variation=0, mode=mode, score=25.0 * slot, done=True)
+        traj.validate()
+        out.append(traj)
     return out
 
 
@@ -450,39 +456,9 @@ def _worker_cmd(device: str, model: Path, work: Path, resume: bool, threads: int
     ]
 
 
-def main_run(args: argparse.Namespace) -> None:
-    import torch
-
-    started = time.perf_counter()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    work = Path(args.work)
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    if args.accel == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--accel cuda: torch sees no CUDA device")
-    report: dict = {
-        # the device tool's output folder is named by its variable, paths in the repository relative to it
-        "command": command_line(
-            ["python3", "-m", "benchmarks.gpu_check"],
-            ["$OUT" if a == os.environ.get("OUT") else a for a in sys.argv[1:]],
-        ),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "accel": args.accel,
-        "tolerances": TOL,
-        "lr": LR,
-    }
-    result_path = out / "gpu_check.json"
-
-    def save():
-        report["wall_s"] = time.perf_counter() - started
-        result_path.write_text(json.dumps(report, indent=1, default=str) + "\n")
-
-    model_dir = work / "model"
-    report["model"] = build_model(Path(args.config_dir), model_dir, args.tiny)
-    _log(f"model: {report['model']}")
-    save()
-
+def run_workers(args: argparse.Namespace, model_dir: Path, work: Path, out: Path) -> tuple[dict[str, Path], dict]:
+    """The two steps on the CPU reference, beside them on the accelerator in one process ("plain")
+    and under torchrun; the accelerator runs' directories and the failures among them."""
     cpus = os.cpu_count() or 2
     cpu_threads = max(1, cpus - 4)  # the CPU reference runs beside the accelerator runs
     # the GPU stays visible to the CPU reference: learner.device=cpu must keep its parameters on the CPU
@@ -518,8 +494,13 @@ def main_run(args: argparse.Namespace) -> None:
     except RuntimeError as exc:
         failures["torchrun"] = str(exc)
     _wait(ref, out / "cpu.log", timeout=args.worker_timeout)
-    report["failures"] = failures
+    return runs, failures
 
+
+def judge(args: argparse.Namespace, report: dict, runs: dict[str, Path], work: Path, model_dir: Path) -> list[dict]:
+    """Each run's results into `report`, and the check rows: placement, each accelerator run
+    against the CPU reference, the resumes, plain against torchrun."""
+    failures = report["failures"]
     rows = []
     report["runs"] = {"cpu": json.loads((work / "cpu" / "result.json").read_text())}
     rows.append(_placement_row("cpu", report["runs"]["cpu"], "cpu"))
@@ -553,11 +534,13 @@ def main_run(args: argparse.Namespace) -> None:
         c = compare(runs["plain"], runs["torchrun"], model_dir)
         report["compare_plain_torchrun"] = c
         rows += checks("plain vs torchrun", c)
-    report["checks"] = rows
-    judged = [r for r in rows if r["tol"] is not None]
-    report["passed"] = f"{sum(r['pass'] for r in judged)}/{len(judged)}"
-    save()
+    return rows
 
+
+def measure_throughput(
+    args: argparse.Namespace, report: dict, model_dir: Path, work: Path, started: float, save: Callable[[], None]
+) -> None:
+    """learner_throughput on the accelerator per batch size, while --budget-s lasts, into `report`."""
     report["throughput"] = {}
     configs = {"default": [], "large": ["--samples", "32", "--prompt-tokens", "1000", "--response-tokens", "32"]}
     if args.tiny:
@@ -571,6 +554,46 @@ def main_run(args: argparse.Namespace) -> None:
         except (RuntimeError, OSError, ValueError) as exc:
             report["throughput"][label] = f"failed: {exc}"
         save()
+
+
+def main_run(args: argparse.Namespace) -> None:
+    import torch
+
+    started = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    if args.accel == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--accel cuda: torch sees no CUDA device")
+    report: dict = {
+        # the device tool's output folder is named by its variable, paths in the repository relative to it
+        "command": command_line(
+            ["python3", "-m", "benchmarks.gpu_check"],
+            ["$OUT" if a == os.environ.get("OUT") else a for a in sys.argv[1:]],
+        ),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "accel": args.accel,
+        "tolerances": TOL,
+        "lr": LR,
+    }
+    result_path = out / "gpu_check.json"
+
+    def save():
+        report["wall_s"] = time.perf_counter() - started
+        result_path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+
+    model_dir = work / "model"
+    report["model"] = build_model(Path(args.config_dir), model_dir, args.tiny)
+    _log(f"model: {report['model']}")
+    save()
+    runs, report["failures"] = run_workers(args, model_dir, work, out)
+    report["checks"] = rows = judge(args, report, runs, work, model_dir)
+    judged = [r for r in rows if r["tol"] is not None]
+    report["passed"] = f"{sum(r['pass'] for r in judged)}/{len(judged)}"
+    save()
+    measure_throughput(args, report, model_dir, work, started, save)
     save()
     print_table(report)
     _log(f"wrote {result_path} ({report['wall_s']:.0f} s)")

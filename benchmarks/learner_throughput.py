@@ -28,8 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.record import command_line, status_mb, write_result
+from benchmarks.record import command_line, write_result
 from common.model_prep import resolve_model
+from common.process import status_mb
 from learner.advantages import CountBonus
 from learner.config import LearnerConfig, Packing
 from learner.policy_model import load_policy
@@ -106,7 +107,7 @@ def timed(fn, repeats: int, warmup: int, device: str = "cpu") -> tuple[float, ob
     return float(np.median(times)), out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=Path, help="a replay-buffer log (runs/<run>/buffer.log); default synthetic")
     parser.add_argument("--groups", type=int, default=1, help="complete groups of the log in the batch")
@@ -123,44 +124,23 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="learner.device")
     parser.add_argument("--model", default="embedded:SmolLM2-135M-Instruct", help="model name or HF directory")
     parser.add_argument("--out", default="benchmarks/results/learner_throughput.json")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    return parser.parse_args()
 
-    path = resolve_model(args.model)
-    # tiny lr: the weights barely move between the packings; the mask off: every token costs the same
-    cfg = LearnerConfig(lr=1e-12, low_prob_mask="off", device=args.device, micro_batch_tokens=args.micro_batch_tokens)
-    trainer = Trainer(cfg, path, seed=0)
+
+def load_batch(args: argparse.Namespace, cfg: LearnerConfig, trainer: Trainer) -> tuple[list[TurnSample], dict]:
+    """The batch every packing steps on (the log's complete groups, or synthetic), and its source."""
     if args.episodes:
         trajectories = complete_groups(args.episodes, args.groups)
         batch = build_samples(trajectories, cfg.score_scale, CountBonus(cfg.intrinsic_coef), cfg.adv_eps)
-        source = {"episodes": str(args.episodes), "groups": args.groups, "episodes_in_batch": len(trajectories)}
-    else:
-        batch = synthetic_batch(
-            args.samples, args.prompt_tokens, args.response_tokens, trainer.scorer.lm.config.vocab_size
-        )
-        source = {"synthetic_samples": args.samples, "prompt_tokens": args.prompt_tokens}
-    chains = segments(batch, Packing.episode)
-    result = {
-        "command": command_line([".venv/bin/python", "-m", "benchmarks.learner_throughput"], sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        **source,
-        "turn_samples": len(batch),
-        "response_tokens": int(sum(len(s.response) for s in batch)),
-        "turn_tokens": int(sum(len(s.update_prompt) + len(s.response) for s in batch)),
-        "chain_tokens": int(sum(len(batch[seg[-1]].update_prompt) + len(batch[seg[-1]].response) for seg in chains)),
-        "chains": len(chains),
-        "threads": torch.get_num_threads(),
-        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-        "micro_batch_tokens": args.micro_batch_tokens,
-        "gradient_checkpointing": args.gradient_checkpointing,
-        "packing": {},
-    }
-    print(
-        f"{len(batch)} turn samples in {len(chains)} chains: {result['turn_tokens']} tokens as turns, "
-        f"{result['chain_tokens']} as chains, {torch.get_num_threads()} threads",
-        flush=True,
-    )
+        return batch, {"episodes": str(args.episodes), "groups": args.groups, "episodes_in_batch": len(trajectories)}
+    batch = synthetic_batch(args.samples, args.prompt_tokens, args.response_tokens, trainer.scorer.lm.config.vocab_size)
+    return batch, {"synthetic_samples": args.samples, "prompt_tokens": args.prompt_tokens}
+
+
+def measure(
+    args: argparse.Namespace, cfg: LearnerConfig, trainer: Trainer, path: str, batch: list[TurnSample], result: dict
+) -> None:
+    """A timed step per packing (and the plain baseline with --plain), into `result`."""
     for packing in args.packings.split(","):
         step_cfg = dataclasses.replace(cfg, packing=Packing(packing))
         reset_peak_rss()
@@ -190,6 +170,9 @@ def main() -> None:
         result["plain_step_seconds"] = plain_s
         for r in result["packing"].values():
             r["ratio_to_plain"] = plain_s / r["step_seconds"]
+
+
+def report(args: argparse.Namespace, result: dict) -> None:
     result["load_average_at_end"] = os.getloadavg()[0]
     write_result(args.out, result, indent=1)
     print(f"{'packing':8} {'s/step':>8} {'x turn':>7} {'tokens':>8} {'/chain':>7} {'peak MB':>8}")
@@ -198,6 +181,41 @@ def main() -> None:
             f"{packing:8} {r['step_seconds']:8.1f} {r.get('speedup_vs_turn', float('nan')):7.2f} "
             f"{r['forward_tokens']:8d} {r['forward_tokens_per_chain_token']:7.2f} {r['peak_rss_mb']:8.0f}"
         )
+
+
+def main() -> None:
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    path = resolve_model(args.model)
+    # tiny lr: the weights barely move between the packings; the mask off: every token costs the same
+    cfg = LearnerConfig(lr=1e-12, low_prob_mask="off", device=args.device, micro_batch_tokens=args.micro_batch_tokens)
+    trainer = Trainer(cfg, path, seed=0)
+    batch, source = load_batch(args, cfg, trainer)
+    chains = segments(batch, Packing.episode)
+    result = {
+        "command": command_line([".venv/bin/python", "-m", "benchmarks.learner_throughput"], sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        **source,
+        "turn_samples": len(batch),
+        "response_tokens": int(sum(len(s.response) for s in batch)),
+        "turn_tokens": int(sum(len(s.update_prompt) + len(s.response) for s in batch)),
+        "chain_tokens": int(sum(len(batch[seg[-1]].update_prompt) + len(batch[seg[-1]].response) for seg in chains)),
+        "chains": len(chains),
+        "threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "micro_batch_tokens": args.micro_batch_tokens,
+        "gradient_checkpointing": args.gradient_checkpointing,
+        "packing": {},
+    }
+    print(
+        f"{len(batch)} turn samples in {len(chains)} chains: {result['turn_tokens']} tokens as turns, "
+        f"{result['chain_tokens']} as chains, {torch.get_num_threads()} threads",
+        flush=True,
+    )
+    measure(args, cfg, trainer, path, batch, result)
+    report(args, result)
 
 
 if __name__ == "__main__":

@@ -34,12 +34,11 @@ import psutil
 import zmq
 
 from benchmarks.record import run_header, write_result
-from common.process import spawn_role, stop_group
+from common.config import MetricsConfig
+from common.process import spawn_command, stop_group
 from deploy.monitor import scrape
-from pipeline.config import MetricsConfig
 from protocol import Client, RemoteError, RequestTimeout
 from protocol.messages import (
-    TIP_MODES,
     Ack,
     Assignment,
     AssignmentRequest,
@@ -49,6 +48,7 @@ from protocol.messages import (
     MemoryQuery,
     MemoryResult,
     Trajectory,
+    TurnRecord,
     Wait,
 )
 from protocol.transport import wait_until_ready
@@ -77,7 +77,18 @@ def overrides(run_dir: Path, durability: str) -> list[str]:
 
 
 def trajectory(a: Assignment, actor: str, turns: int, prompt: int, response: int, rng) -> Trajectory:
-    return Trajectory(
+    records = [
+        TurnRecord(
+            prompt_ids=rng.integers(0, 49152, prompt, dtype=np.int32),
+            response_ids=rng.integers(0, 49152, response, dtype=np.int32),
+            logprobs=-rng.random(response, dtype=np.float32),
+            observation=STATES[i % len(STATES)],
+            action="look around",
+        )
+        for i in range(turns)
+    ]
+    return Trajectory.from_turns(
+        records,
         episode_id=f"{actor}-{a.group_id[:8]}-{a.slot}-{rng.integers(1 << 62)}",
         group_id=a.group_id,
         slot=a.slot,
@@ -87,17 +98,6 @@ def trajectory(a: Assignment, actor: str, turns: int, prompt: int, response: int
         mode=a.mode,
         score=float(rng.integers(0, 100)),
         done=False,
-        prompt_token_ids=rng.integers(0, 49152, turns * prompt, dtype=np.int32),
-        prompt_offsets=np.arange(0, turns * prompt + 1, prompt, dtype=np.int64),
-        response_token_ids=rng.integers(0, 49152, turns * response, dtype=np.int32),
-        response_offsets=np.arange(0, turns * response + 1, response, dtype=np.int64),
-        behaviour_logprobs=-rng.random(turns * response, dtype=np.float32),
-        tip_spans=np.zeros((0, 3), np.int32),
-        policy_versions=np.zeros(turns, np.int32),
-        num_memories=np.zeros(turns, np.int32),
-        observations=[STATES[i % len(STATES)] for i in range(turns)],
-        actions=["look around"] * turns,
-        memory_retrieved=np.full(turns, int(a.mode in TIP_MODES), np.uint8),
     )
 
 
@@ -237,7 +237,7 @@ def wait_ready(endpoint: str) -> None:
 def run_level(level: str, args, root: Path, memory_rss: Rss) -> dict:
     run_dir = root / level
     run_dir.mkdir()
-    proc = spawn_role("replay_buffer.service", overrides(run_dir, level), root / f"buffer-{level}.log")
+    proc = spawn_command("empo2-replay-buffer", overrides(run_dir, level), root / f"buffer-{level}.log")
     try:
         wait_ready(BUFFER)
         buffer_rss, memory_rss.start = Rss(proc.pid), memory_rss.now()
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="empo2-load-") as tmp:
         root = Path(tmp)
         (root / "memory").mkdir()
-        memory = spawn_role("memory_service.service", overrides(root / "memory", "flush"), root / "memory.log")
+        memory = spawn_command("empo2-memory-service", overrides(root / "memory", "flush"), root / "memory.log")
         try:
             wait_ready(MEMORY)
             memory_rss = Rss(memory.pid)

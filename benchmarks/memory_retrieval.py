@@ -20,7 +20,7 @@ Measured in one run, so the figures can be read as ratios on a noisy shared mach
 3. embedding baseline: Embedder.embed texts/s at batch 1 and batch 64 on synthetic
    ScienceWorld-like observations (300-600 chars), and retrieval queries/s as a ratio to
    single-text embeddings/s (above 1: embedding dominates a query).
-4. --reflections N > 0: starts a policy server (python -m actors.policy_server on non-default
+4. --reflections N > 0: starts a policy server (python -m pipeline empo2-policy-server on non-default
    ports), sends N reflection GenerateRequests one at a time as the service's worker does
    (prompts from memory_service.service.reflection_messages) and reports reflections/s and their
    ratio to the embedding throughput. The server's process group is always killed at the end.
@@ -54,7 +54,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.record import run_header, write_result  # noqa: E402
-from common.process import spawn_role, stop_group  # noqa: E402
+from common.process import spawn_command, stop_group  # noqa: E402
 from memory_service.embedder import Embedder  # noqa: E402
 from memory_service.service import reflection_messages, tip_text  # noqa: E402
 from memory_service.store import Entry, MemoryStore, memory_key  # noqa: E402
@@ -343,7 +343,7 @@ def start_policy_server(run_dir: Path) -> subprocess.Popen:
         f"metrics.base_port={POLICY_METRICS_PORT}",
         f"run_dir={run_dir}",
     ]
-    return spawn_role("actors.policy_server.server", overrides, run_dir / "policy_server.log", cwd=REPO)
+    return spawn_command("empo2-policy-server", overrides, run_dir / "policy_server.log", cwd=REPO)
 
 
 def server_log_tail(run_dir: Path) -> str:
@@ -491,11 +491,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    wall0 = time.perf_counter()
-    load_at_start = os.getloadavg()
-    cfg = load_config([])
+def measure(
+    args: argparse.Namespace, cfg: PipelineConfig
+) -> tuple[EmbeddingResult, list[SizeResult], ReflectionResult | None]:
+    """The embedder's rates, the store at each size, and the reflections (None with --reflections 0)."""
     rng = np.random.default_rng(args.seed)
     embedder = Embedder(cfg.memory_service.embedder)
     pool = [synthetic_observation(rng) for _ in range(POOL)]
@@ -522,6 +521,19 @@ def main(argv: list[str] | None = None) -> None:
             if args.reflections > 0
             else None
         )
+    return embedding, sizes, reflections
+
+
+def report(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    cfg: PipelineConfig,
+    measured: tuple[EmbeddingResult, list[SizeResult], ReflectionResult | None],
+    wall0: float,
+    load_at_start: tuple[float, float, float],
+) -> None:
+    """The table printed, and the result written to --out."""
+    embedding, sizes, reflections = measured
     wall_s = time.perf_counter() - wall0
     print_table(embedding, sizes, reflections)
     print(f"wall time {wall_s:.0f} s; load average at start {load_at_start[0]:.2f}")
@@ -552,6 +564,14 @@ def main(argv: list[str] | None = None) -> None:
         "wall_s": wall_s,
     }
     write_result(args.out, result)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    wall0 = time.perf_counter()
+    load_at_start = os.getloadavg()
+    cfg = load_config([])
+    report(args, argv, cfg, measure(args, cfg), wall0, load_at_start)
 
 
 if __name__ == "__main__":

@@ -240,31 +240,14 @@ async def generate_all(
     engine, tap: Tap, cfg: PipelineConfig, prompts: dict, order, meter, warmup_ids: list[int]
 ) -> list[Generation]:
     from actors.env_actor.episode import TURN_SEEDS
-    from protocol.messages import GenerateRequest
 
     acfg = cfg.env_actor
-    stop = ["\n"] if acfg.stop_at_newline else []
 
     async def one(request_id: str, ids: np.ndarray, seed: int):
         # the request an actor sends (EnvWorker.generate), served as the policy server serves it
-        req = GenerateRequest(
-            request_id=request_id,
-            prompt_token_ids=ids,
-            max_tokens=acfg.max_action_tokens,
-            temperature=acfg.temperature,
-            seed=seed,
-            stop=stop,
-        )
+        req = acfg.action_request(request_id, ids, seed)
         t = time.perf_counter()
-        out = await engine.generate(
-            req.request_id,
-            req.prompt_token_ids.tolist(),
-            req.max_tokens,
-            req.temperature,
-            req.top_p,
-            req.seed,
-            req.stop,
-        )
+        out = await engine.generate(req)
         return out, t, time.perf_counter()
 
     warm = np.asarray(warmup_ids, dtype=np.int32)
@@ -436,36 +419,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
-    from transformers import AutoTokenizer
+@dataclass
+class Recording:
+    """Steps 1-2: the episodes and every turn's prompt in both variants."""
 
+    episodes: list[Recorded]
+    prompts: dict[tuple[int, int, str], Prompt]  # (episode, turn, variant)
+    contexts: list[dict]  # per episode: the variation played and the demonstration's
+    sizes: list[dict]  # per episode: system_tokens
+    seconds: float  # recording the episodes
+
+
+@dataclass
+class Timing:
+    """Step 3: every generation, and the conditions it ran in."""
+
+    gens: list[Generation]
+    engine_start_s: float
+    timed_s: float
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float]
+
+
+def record_prompts(cfg: PipelineConfig, builders: dict, tokenizer, lengths: list[int], steps: int, args) -> Recording:
+    """1-2. episodes, and every turn's prompt in both variants (the actor's prompt parts per episode)."""
     from actors.env_actor.episode import EpisodeRunner
-    from actors.env_actor.prompts import PromptBuilder, TaskContext
-    from actors.policy_server.engine import PolicyEngine
-    from benchmarks.env_throughput import CpuMeter
-    from common.model_prep import resolve_model
-    from common.process import exit_on_sigterm
+    from actors.env_actor.prompts import TaskContext
     from common.scienceworld import ScienceWorld
 
-    args = parse_args(argv)
-    exit_on_sigterm()  # SIGTERM runs the finally blocks below like Ctrl-C does
-    wall0, load_at_start = time.perf_counter(), os.getloadavg()
-    cfg = load_config(args.overrides)
     acfg, ecfg = cfg.env_actor, cfg.env
-    steps = args.steps or ecfg.max_steps
-    lengths = [steps] * args.episodes + [args.long_steps] * (args.long_episodes if args.long_steps else 0)
-    model_path = resolve_model(cfg.model.name, cfg.model.cache_dir or None)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    budget = acfg.prompt_budget(cfg.policy_server.max_model_len)
-    builders = {"a": PromptBuilder(tokenizer, acfg.history_window, budget), "b": PromptBuilder(tokenizer, 1, budget)}
-    print(
-        f"[bench] tasks {cfg.replay_buffer.tasks}, episodes {lengths} turns, prompt budget {budget}, "
-        f"(a) demonstration {acfg.demonstration} demo_max_steps {acfg.demo_max_steps} history_window "
-        f"{acfg.history_window}; (b) no demonstration, history_window 1; load {load_at_start[0]:.2f}",
-        flush=True,
-    )
-
-    # 1-2. episodes, and every turn's prompt in both variants (the actor's prompt parts per episode)
     env = ScienceWorld(ecfg.simplification, step_limit=ecfg.env_step_limit)
     try:
         t = time.perf_counter()
@@ -490,10 +472,15 @@ def main(argv: list[str] | None = None) -> None:
                     prompts[(e, p.turn, v)] = p
     finally:
         env.close()
-    print(f"[bench] {len(episodes)} episodes recorded in {record_s:.1f} s; {len(prompts)} prompts built", flush=True)
+    return Recording(episodes, prompts, contexts, sizes, record_s)
 
-    # 3. one engine, every turn of both variants, interleaved
-    order = schedule([len(ep.states) for ep in episodes])
+
+def time_generations(cfg: PipelineConfig, model_path: str, tokenizer, recording: Recording) -> Timing:
+    """3. one engine, every turn of both variants, interleaved."""
+    from actors.policy_server.engine import PolicyEngine
+    from benchmarks.env_throughput import CpuMeter
+
+    order = schedule([len(ep.states) for ep in recording.episodes])
     loop = asyncio.new_event_loop()
     engine = None
     try:
@@ -509,7 +496,7 @@ def main(argv: list[str] | None = None) -> None:
         load_before = os.getloadavg()
         t = time.perf_counter()
         gens = loop.run_until_complete(
-            generate_all(engine, tap, cfg, prompts, order, CpuMeter([os.getpid()]), warmup_ids)
+            generate_all(engine, tap, cfg, recording.prompts, order, CpuMeter([os.getpid()]), warmup_ids)
         )
         timed_s = time.perf_counter() - t
         load_after = os.getloadavg()
@@ -517,8 +504,22 @@ def main(argv: list[str] | None = None) -> None:
         if engine is not None:
             engine.shutdown()  # vLLM's AsyncLLM.__del__ may still print an ignored TypeError at exit: harmless
         loop.close()
+    return Timing(gens, engine_start_s, timed_s, load_before, load_after)
 
-    # 4. report
+
+def report(
+    args,
+    argv: list[str] | None,
+    cfg: PipelineConfig,
+    budget: int,
+    steps: int,
+    recording: Recording,
+    timing: Timing,
+    wall0: float,
+    load_at_start: tuple[float, float, float],
+) -> None:
+    """4. the comparison printed, and the result written to --out."""
+    acfg, ecfg, gens = cfg.env_actor, cfg.env, timing.gens
     short = [g for g in gens if g.episode < args.episodes]
     parts = {f"{args.episodes}x{steps}": compare(short)}
     if args.long_steps and args.long_episodes:
@@ -527,19 +528,20 @@ def main(argv: list[str] | None = None) -> None:
     turns = per_turn(gens)
     print_report(parts, turns)
     wall_s = time.perf_counter() - wall0
+    sizes = recording.sizes
     print(
-        f"\nwall time {wall_s:.0f} s (engine start {engine_start_s:.0f} s, timed part {timed_s:.0f} s); load "
-        f"average at start {load_at_start[0]:.2f}, before timing {load_before[0]:.2f}, after {load_after[0]:.2f}; "
-        f"system part {sizes[0]['by_demo_max_steps']} tokens by demo_max_steps, {sizes[0]['no_demonstration']} "
-        f"without the demonstration"
+        f"\nwall time {wall_s:.0f} s (engine start {timing.engine_start_s:.0f} s, timed part {timing.timed_s:.0f} s); "
+        f"load average at start {load_at_start[0]:.2f}, before timing {timing.load_before[0]:.2f}, after "
+        f"{timing.load_after[0]:.2f}; system part {sizes[0]['by_demo_max_steps']} tokens by demo_max_steps, "
+        f"{sizes[0]['no_demonstration']} without the demonstration"
     )
     result = {
         **run_header(
             [".venv/bin/python", "-m", "benchmarks.prompt_cost"],
             argv if argv is not None else sys.argv[1:],
             load_average_at_start=load_at_start,
-            load_average_before_timing=load_before,
-            load_average_after_timing=load_after,
+            load_average_before_timing=timing.load_before,
+            load_average_after_timing=timing.load_after,
         ),
         "config": {
             "overrides": args.overrides,
@@ -571,16 +573,50 @@ def main(argv: list[str] | None = None) -> None:
                 "actions": ep.actions,
                 "env_step_s_mean": float(np.mean(ep.env_step_s)),
             }
-            for ep, ctx in zip(episodes, contexts)
+            for ep, ctx in zip(recording.episodes, recording.contexts)
         ],
         "system_part_tokens": sizes,
-        "engine_start_s": engine_start_s,
+        "engine_start_s": timing.engine_start_s,
         "summary": parts,
         "per_turn": turns,
         "generations": [asdict(g) for g in gens],
         "wall_s": wall_s,
     }
     write_result(args.out, finite(result))
+
+
+def main(argv: list[str] | None = None) -> None:
+    from transformers import AutoTokenizer
+
+    from actors.env_actor.prompts import PromptBuilder
+    from common.model_prep import resolve_model
+    from common.process import exit_on_sigterm
+
+    args = parse_args(argv)
+    exit_on_sigterm()  # SIGTERM runs the finally blocks of the steps like Ctrl-C does
+    wall0, load_at_start = time.perf_counter(), os.getloadavg()
+    cfg = load_config(args.overrides)
+    acfg = cfg.env_actor
+    steps = args.steps or cfg.env.max_steps
+    lengths = [steps] * args.episodes + [args.long_steps] * (args.long_episodes if args.long_steps else 0)
+    model_path = resolve_model(cfg.model.name, cfg.model.cache_dir or None)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    budget = acfg.prompt_budget(cfg.policy_server.max_model_len)
+    builders = {"a": PromptBuilder(tokenizer, acfg.history_window, budget), "b": PromptBuilder(tokenizer, 1, budget)}
+    print(
+        f"[bench] tasks {cfg.replay_buffer.tasks}, episodes {lengths} turns, prompt budget {budget}, "
+        f"(a) demonstration {acfg.demonstration} demo_max_steps {acfg.demo_max_steps} history_window "
+        f"{acfg.history_window}; (b) no demonstration, history_window 1; load {load_at_start[0]:.2f}",
+        flush=True,
+    )
+    recording = record_prompts(cfg, builders, tokenizer, lengths, steps, args)
+    print(
+        f"[bench] {len(recording.episodes)} episodes recorded in {recording.seconds:.1f} s; "
+        f"{len(recording.prompts)} prompts built",
+        flush=True,
+    )
+    timing = time_generations(cfg, model_path, tokenizer, recording)
+    report(args, argv, cfg, budget, steps, recording, timing, wall0, load_at_start)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import zmq
 
 from benchmarks.record import run_header, write_result
 from protocol.codec import decode, encode
-from protocol.messages import GenerateRequest, MemoryQuery, Ping, Trajectory
+from protocol.messages import GenerateRequest, MemoryQuery, Ping, Trajectory, TurnRecord
 
 WINDOW = 64  # messages in flight: sent, then received, per batch
 
@@ -35,7 +35,18 @@ def payloads() -> dict[str, object]:
     turns = 30
     prompt_lens = rng.integers(600, 900, turns)
     response_lens = rng.integers(4, 32, turns)
-    trajectory = Trajectory(
+    records = [
+        TurnRecord(
+            prompt_ids=rng.integers(0, 49152, prompt_lens[i], dtype=np.int32),
+            response_ids=rng.integers(0, 49152, response_lens[i], dtype=np.int32),
+            logprobs=-rng.random(response_lens[i], dtype=np.float32),
+            observation="This room is called the kitchen. In it, you see: a fridge, a counter." * 4,
+            action="open fridge",
+        )
+        for i in range(turns)
+    ]
+    trajectory = Trajectory.from_turns(
+        records,
         episode_id="e" * 32,
         group_id="g" * 32,
         slot=3,
@@ -45,16 +56,6 @@ def payloads() -> dict[str, object]:
         mode="on_policy",
         score=25.0,
         done=False,
-        prompt_token_ids=rng.integers(0, 49152, prompt_lens.sum(), dtype=np.int32),
-        prompt_offsets=np.concatenate([[0], np.cumsum(prompt_lens)]).astype(np.int64),
-        response_token_ids=rng.integers(0, 49152, response_lens.sum(), dtype=np.int32),
-        response_offsets=np.concatenate([[0], np.cumsum(response_lens)]).astype(np.int64),
-        behaviour_logprobs=-rng.random(response_lens.sum(), dtype=np.float32),
-        tip_spans=np.zeros((0, 3), np.int32),
-        policy_versions=np.zeros(turns, np.int32),
-        num_memories=np.zeros(turns, np.int32),
-        observations=["This room is called the kitchen. In it, you see: a fridge, a counter." * 4] * turns,
-        actions=["open fridge"] * turns,
     )
     return {
         "generate_request_800": GenerateRequest("req-1", rng.integers(0, 49152, 800, dtype=np.int32), 32, 1.0, 7),

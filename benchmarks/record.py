@@ -44,12 +44,3 @@ def write_result(out: str | Path, result: dict, indent: int = 2) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=indent) + "\n")
     print(f"wrote {repo_relative(out)}")
-
-
-def status_mb(pid: int | str = "self", field: str = "VmRSS") -> float:
-    """A memory field of a process's /proc/<pid>/status in MB (VmRSS resident now, VmHWM its
-    high-water mark); 0.0 if the field is missing."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024
-    return 0.0

@@ -35,11 +35,12 @@ import zmq
 
 from benchmarks.record import command_line, write_result
 from common.model_prep import resolve_model
-from deploy.launch import Launcher, role_commands
+from deploy.launch import Launcher
 from learner.checkpoint import save_checkpoint
 from learner.policy_model import load_policy
 from learner.weight_push import PushTiming, WeightPusher, weight_tensors
 from pipeline.config import load_config
+from pipeline.roles import run_roles
 from protocol import Client
 from protocol.transport import wait_until_ready
 
@@ -60,19 +61,58 @@ def memcpy_seconds(tensors: list[tuple[str, torch.Tensor]]) -> dict[str, float]:
     return {"clone": clone_s, "copy_": time.perf_counter() - t0}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2, help="rounds not counted")
     parser.add_argument("--out", default="benchmarks/results/weight_sync.json")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    cfg = load_config(OVERRIDES)
-    shutil.rmtree(Path(RUN_DIR) / "checkpoints", ignore_errors=True)  # retention keeps the newest: no older runs' steps
-    model, tokenizer = load_policy(resolve_model(cfg.model.name), "cpu")
-    tensors = weight_tensors(model)
-    nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
-    launcher = Launcher(cfg, OVERRIDES, roles=[r for r in role_commands(cfg) if r[0] == "policy_server0"])
+
+def push_rounds(
+    args: argparse.Namespace,
+    model,
+    tokenizer,
+    tensors: list[tuple[str, torch.Tensor]],
+    pushers: dict[str, WeightPusher],
+) -> tuple[list[dict[str, float]], dict[str, list[PushTiming]]]:
+    """--warmup + --repeats rounds, each a memcpy of the weights, then a push by every method (a
+    new version each); the memcpy seconds and the push timings of the counted rounds."""
+    optimizer = torch.optim.AdamW(model.parameters())  # the checkpoint carries it, as the learner's does
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+
+    def push_checkpoint(version: int) -> PushTiming:
+        t0 = time.perf_counter()
+        path = save_checkpoint(
+            Path(RUN_DIR) / "checkpoints",
+            version,
+            model,
+            tokenizer,
+            {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
+            1,
+        )
+        timing = pushers["checkpoint"].push_checkpoint(path, version)
+        return PushTiming(time.perf_counter() - t0, timing.engine_seconds)
+
+    version = 0
+    memcpy, timings = [], {m: [] for m in METHODS}
+    for round_ in range(args.warmup + args.repeats):
+        counted = round_ >= args.warmup
+        copies = memcpy_seconds(tensors)
+        memcpy += [copies] if counted else []
+        for method in METHODS:
+            version += 1
+            timing = push_checkpoint(version) if method == "checkpoint" else pushers[method].push(tensors, version)
+            timings[method] += [timing] if counted else []
+    return memcpy, timings
+
+
+def measure(
+    args: argparse.Namespace, cfg, model, tokenizer, tensors: list[tuple[str, torch.Tensor]]
+) -> tuple[list[dict[str, float]], dict[str, list[PushTiming]]]:
+    """A policy server of its own, a pusher per method to it, the rounds (push_rounds); the server
+    stopped and the pushers closed on any exit."""
+    launcher = Launcher(cfg, OVERRIDES, roles=[r for r in run_roles(cfg) if r[0] == "policy_server0"])
     pushers: dict[str, WeightPusher] = {}
     try:
         launcher.start()
@@ -87,37 +127,19 @@ def main() -> None:
                 mcfg.policy_server.tensor_parallel_size,
                 mcfg.learner.push_attempts,
             )
-        optimizer = torch.optim.AdamW(model.parameters())  # the checkpoint carries it, as the learner's does
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-
-        def push_checkpoint(version: int) -> PushTiming:
-            t0 = time.perf_counter()
-            path = save_checkpoint(
-                Path(RUN_DIR) / "checkpoints",
-                version,
-                model,
-                tokenizer,
-                {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
-                1,
-            )
-            timing = pushers["checkpoint"].push_checkpoint(path, version)
-            return PushTiming(time.perf_counter() - t0, timing.engine_seconds)
-
-        version = 0
-        memcpy, timings = [], {m: [] for m in METHODS}
-        for round_ in range(args.warmup + args.repeats):
-            counted = round_ >= args.warmup
-            copies = memcpy_seconds(tensors)
-            memcpy += [copies] if counted else []
-            for method in METHODS:
-                version += 1
-                timing = push_checkpoint(version) if method == "checkpoint" else pushers[method].push(tensors, version)
-                timings[method] += [timing] if counted else []
+        measured = push_rounds(args, model, tokenizer, tensors, pushers)
         client.close()
     finally:
         for pusher in pushers.values():
             pusher.close()
         launcher.stop()
+    return measured
+
+
+def report(
+    args: argparse.Namespace, nbytes: int, memcpy: list[dict[str, float]], timings: dict[str, list[PushTiming]]
+) -> None:
+    """Medians per method against the memcpy baselines, printed as a table and written to --out."""
     base = {kind: float(np.median([m[kind] for m in memcpy])) for kind in ("clone", "copy_")}
     result = {
         "bytes": nbytes,
@@ -158,6 +180,16 @@ def main() -> None:
     )
     result["date"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     write_result(args.out, result, indent=1)
+
+
+def main() -> None:
+    args = parse_args()
+    cfg = load_config(OVERRIDES)
+    shutil.rmtree(Path(RUN_DIR) / "checkpoints", ignore_errors=True)  # retention keeps the newest: no older runs' steps
+    model, tokenizer = load_policy(resolve_model(cfg.model.name), "cpu")
+    tensors = weight_tensors(model)
+    memcpy, timings = measure(args, cfg, model, tokenizer, tensors)
+    report(args, sum(t.numel() * t.element_size() for _, t in tensors), memcpy, timings)
 
 
 if __name__ == "__main__":

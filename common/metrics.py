@@ -243,7 +243,7 @@ class LearnerMetrics(RoleMetrics):
                 "clip_fraction": "Fraction of tokens clipped",
                 "dual_clip_fraction": "Fraction of tokens hit by the dual clip",
                 "behaviour_weight_mean": "Decoupled PPO: mean proximal/behaviour weight",
-                "entropy_mean": "Mean policy entropy at response positions (if entropy_coef)",
+                "entropy_mean": "Mean policy entropy (nats) at the kept response positions, measured at every step",
                 "kl_mean": "Mean k3 KL to the initial policy (if kl_coef)",
                 "behaviour_weight_capped_fraction": "Decoupled PPO: fraction of tokens over the weight cap",
                 "advantage_abs_mean": "Mean |advantage|",
@@ -253,6 +253,12 @@ class LearnerMetrics(RoleMetrics):
                 "episode_score_mean": "Mean final score of the batch's episodes",
                 "lr": "Learning rate of the last step",
                 "weight_push_engine_seconds": "Part of the last weight push spent in the servers' engines (vLLM's load)",
+                # exploration (learner/exploration.py: a state is the room, inventory and visible objects, hashed)
+                "distinct_states_per_episode": "Mean distinct states an episode of the last batch acted in",
+                "distinct_states_per_group": "Mean distinct states of a group's episodes together (last batch)",
+                "distinct_actions_per_group": "Mean distinct actions a group's episodes executed (last batch)",
+                "collapsed_group_fraction": "Fraction of the last batch's groups whose episodes all have the same "
+                "state sequence (groups of two or more episodes)",
             }.items()
         }
 
@@ -271,7 +277,7 @@ class LearnerMetrics(RoleMetrics):
         for phase, seconds in record["phase_seconds"].items():
             self.phase_seconds.labels(phase).observe(seconds)
         for name, gauge in self.stats.items():
-            if name in record:
+            if record.get(name) is not None:
                 gauge.set(record[name])
         if "masked_fraction" in record:
             self.masked_fraction.labels("all").set(record["masked_fraction"])

@@ -11,9 +11,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from common.config import RunFacts
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,12 @@ def spawn_role(
         )
 
 
+def spawn_command(command: str, args: list[str], log_path: Path, **kwargs) -> subprocess.Popen:
+    """spawn_role of a command of the project (empo2-learner, ...): every command runs as
+    `python -m pipeline <command> [key=value ...]` (pipeline/roles.py), as the launcher starts it."""
+    return spawn_role("pipeline", [command, *args], log_path, **kwargs)
+
+
 def signal_group(process: subprocess.Popen, sig: int) -> None:
     """Signal the process group of a child started with start_new_session=True."""
     try:
@@ -92,7 +100,12 @@ def wait_group(process: subprocess.Popen, deadline: float) -> bool:
 def group_shm_files(process: subprocess.Popen) -> set[str]:
     """The /dev/shm files that the living processes of the child's group have mapped (a vLLM
     engine's message queues): what a killed role would leave behind."""
-    return {path for pid in _pids() if _pgid(pid) == process.pid for path in _shm_maps(pid)}
+    return shm_files(pid for pid in _pids() if _pgid(pid) == process.pid)
+
+
+def shm_files(pids: Iterable[int]) -> set[str]:
+    """The /dev/shm files that the processes `pids` have mapped."""
+    return {path for pid in pids for path in _shm_maps(pid)}
 
 
 def unlink_unmapped(paths: set[str]) -> list[str]:
@@ -120,6 +133,15 @@ def orphaned_semaphores() -> set[str]:
         for path in Path("/dev/shm").glob("sem.loky-*")
         if (creator := re.match(r"sem\.loky-(\d+)-", path.name)) and int(creator[1]) not in alive
     }
+
+
+def status_mb(pid: int | str = "self", field: str = "VmRSS") -> float:
+    """A memory field of a process's /proc/<pid>/status in MB (VmRSS resident now, VmHWM its
+    high-water mark); 0.0 if the field is missing."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def _pids() -> list[int]:
@@ -182,23 +204,21 @@ def run_async_until_signalled(coro, on_exit=None) -> None:
         loop.close()
 
 
-def run_role(cfg: Any, role: str, build: Callable[[Any], Any], index: Callable[[Any], int] = lambda cfg: 0) -> None:
-    """The main of a synchronous role, given its loaded configuration (a PipelineConfig,
-    pipeline/cli.py loads and validates it): logging, metrics on the role's port, then
-    `build(cfg).run()` until it returns or the process is told to stop.
+def run_role(name: str, run: RunFacts, build: Callable[[], Any]) -> None:
+    """The main of a synchronous role, given its sections and the run's facts (pipeline/cli.py
+    loads and validates them): logging as `name`, metrics on the process's port (run.metrics_port),
+    then `build().run()` until it returns or the process is told to stop.
     The built object has `.metrics` (a RoleMetrics) and `.run()`; `.close()` runs at exit if present."""
     from common.logs import setup_logging
 
-    i = index(cfg)
-    port = cfg.metrics.port(role, i)  # before anything starts: a learner rank past its range has none
-    setup_logging(f"{role}{i}" if role in ("env_actor", "policy_server") else role)
+    setup_logging(name)
     exit_on_sigterm()
-    process = build(cfg)
-    process.metrics.serve(cfg.metrics.host, port)
+    process = build()
+    process.metrics.serve(run.metrics.host, run.metrics_port)
     try:
         process.run()
     except (KeyboardInterrupt, SystemExit):
-        log.info("%s stopping", role)
+        log.info("%s stopping", name)
     finally:
         if hasattr(process, "close"):
             process.close()

@@ -16,6 +16,10 @@ from pathlib import Path
 
 _WORD = re.compile(r"[a-z0-9]+")
 _EDGE_NOISE = re.compile(r"^[\s>`\"']+|[\s.`\"']+$")  # prompt arrows, quotes, trailing dots
+# The look text: "This room is called the kitchen. In it, you see: \n\tthe agent\n\ta fridge ...\nYou also
+# see:\n\tA door to the hallway (that is open)\n"
+_ROOM = re.compile(r"This room is called the (.+?)\.")
+_LOOK_HEADERS = ("In it, you see:", "You also see:")
 
 
 def _words(text: str) -> frozenset[str]:
@@ -47,6 +51,24 @@ def most_similar_action(text: str, valid_actions: list[str]) -> tuple[str, bool]
     return best, True
 
 
+def room_of(text: str) -> str:
+    """The room named by the last look text in `text` ("This room is called the X."), or ""."""
+    rooms = _ROOM.findall(text)
+    return rooms[-1] if rooms else ""
+
+
+def visible_objects(text: str) -> list[str]:
+    """The sorted, distinct lines of the last look text in `text` after its room line (objects with
+    their state, doors), without the look's headers; [] when `text` holds no look."""
+    start = text.rfind("This room is called the ")
+    if start < 0:
+        return []
+    lines = text[start:].split("\n")
+    first = lines[0].split(_LOOK_HEADERS[0], 1)[1] if _LOOK_HEADERS[0] in lines[0] else ""
+    items = (line.strip() for line in [first, *lines[1:]])
+    return sorted({item for item in items if item and item not in _LOOK_HEADERS})
+
+
 @functools.cache
 def task_names() -> tuple[str, ...]:
     """The 30 task names, from the package's task list (no JVM); () if ScienceWorld is not installed."""
@@ -64,6 +86,8 @@ class StepResult:
     score: float
     done: bool
     valid_actions: list[str]
+    location: str = ""  # the room the agent is in (room_of the look text)
+    inventory: str = ""  # what the agent carries: ScienceWorld's inventory text (info["inv"])
 
 
 # ScienceWorld ends an episode after this many steps unless told otherwise (its own default).
@@ -104,12 +128,21 @@ class ScienceWorld:
         self.env.load(task, variation, self.simplification)
         obs, info = self.env.reset()
         self.task_description = self.env.get_task_description()
-        return StepResult(obs, obs, float(info["score"]), False, list(info["valid"]))
+        return StepResult(obs, obs, float(info["score"]), False, list(info["valid"]), *_facts(info))
 
     def step(self, action: str) -> StepResult:
         obs, _reward, done, info = self.env.step(action)
         state = obs if info["look"] in obs else f"{obs}\n{info['look']}"
-        return StepResult(obs, state, float(info["score"]), bool(done), list(info["valid"]))
+        return StepResult(obs, state, float(info["score"]), bool(done), list(info["valid"]), *_facts(info))
+
+    def goal_progress(self) -> str:
+        """ScienceWorld's table of the task's subgoals, each done or not, as of the last step."""
+        return self.env.get_goal_progress()
 
     def close(self) -> None:
         self.env.close()
+
+
+def _facts(info: dict) -> tuple[str, str]:
+    """(location, inventory) of a step's info."""
+    return room_of(info["look"]), info["inv"].strip()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.config import at_least, positive
+
 
 @dataclass
 class LaunchConfig:
@@ -20,3 +22,11 @@ class LaunchConfig:
     restart_window_s: float = 600.0
     backoff_s: float = 2.0
     backoff_max_s: float = 60.0
+
+    def validate(self) -> None:
+        at_least("num_env_actors", self.num_env_actors, 1)
+        positive("timeout_s", self.timeout_s)
+        at_least("restart_budget", self.restart_budget, 0)
+        positive("restart_window_s", self.restart_window_s)
+        at_least("backoff_s", self.backoff_s, 0)
+        at_least("backoff_max_s", self.backoff_max_s, self.backoff_s)

@@ -2,7 +2,7 @@
 
 Starts every role as its own OS process (own session, own log file under <run_dir>/logs):
 policy servers, memory service, replay buffer, env actors, learner (the role table,
-role_commands). A role that exits is started again after a backoff (launch.backoff_s, doubling,
+pipeline/roles.py, run_roles). A role that exits is started again after a backoff (launch.backoff_s, doubling,
 at most launch.backoff_max_s): the learner resumes from its newest checkpoint, the replay buffer
 replays its log, the memory service reopens its database. Each restart is printed and counted
 (empo2_launch_restarts_total{role}); a role restarted more than launch.restart_budget times
@@ -34,8 +34,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
+from common.config import ConfigError
 from common.metrics import LaunchMetrics
 from common.model_prep import resolve_model
 from common.process import (
@@ -57,47 +57,12 @@ from deploy.run_state import (
     scrape_targets,
     write_json,
 )
-from pipeline.cli import LEARNER_TOKEN_ENV, role_config
-from pipeline.config import ConfigError, PipelineConfig, load_config
+from pipeline.config import PipelineConfig, load_config
+from pipeline.roles import LEARNER_TOKEN_ENV, RoleSpec, env_actor_spec, run_roles
 
 # How long `--attach` waits for the launcher to apply a scale request (a scaled-down actor may take
 # launch.stop_grace_s to stop).
 ATTACH_TIMEOUT_S = 120.0
-
-
-# the roles that get the run's learner token (LEARNER_TOKEN_ENV): the one that checks it, the one that sends it
-TOKEN_HOLDERS = ("replay_buffer", "learner")
-
-
-class RoleSpec(NamedTuple):
-    """One row of the role table: a process the launcher starts and supervises."""
-
-    name: str  # unique in a run: its log file, its state entry, the `role` label of its metrics
-    argv: list[str]  # module, then the role's own overrides
-    kind: str  # METRICS_PORTS key: its metrics port is metrics.port(kind, index)
-    index: int  # of its kind: policy_server.index, env_actor.index (0 for the single roles)
-    ends_run: bool = False  # its exit 0 ends the run (the learner); any other exit is restarted
-
-
-def env_actor_spec(j: int) -> RoleSpec:
-    return RoleSpec(f"env_actor{j}", ["actors.env_actor.process", f"env_actor.index={j}"], "env_actor", j)
-
-
-def role_commands(cfg: PipelineConfig) -> list[RoleSpec]:
-    """The role table, in start order: servers first, learner last."""
-    commands = [
-        RoleSpec(f"policy_server{i}", ["actors.policy_server.server", f"policy_server.index={i}"], "policy_server", i)
-        for i in range(len(cfg.endpoints.policy_servers))
-    ]
-    commands += [
-        RoleSpec("memory_service", ["memory_service.service"], "memory_service", 0),
-        RoleSpec("replay_buffer", ["replay_buffer.service"], "replay_buffer", 0),
-    ]
-    commands += [env_actor_spec(j) for j in range(cfg.launch.num_env_actors)]
-    # eval.every_steps: the periodic evaluation, its own process (never in the learner's way)
-    commands += [RoleSpec("evaluator", ["evaluation.periodic"], "evaluator", 0)] if cfg.eval.every_steps else []
-    commands += [RoleSpec("learner", ["learner.train"], "learner", 0, ends_run=True)]
-    return commands
 
 
 @dataclass
@@ -134,7 +99,7 @@ class Launcher:
         self.cfg, self.overrides, self.publish = cfg, overrides, publish
         # a run's own learner token when the config sets none: only its learner takes batches
         self.learner_token = "" if cfg.security.learner_token or not publish else secrets.token_urlsafe(24)
-        self.roles = role_commands(cfg) if roles is None else roles  # a subset for other tools (TTA)
+        self.roles = run_roles(cfg) if roles is None else roles  # a subset for other tools (TTA)
         self.children: list[Child] = []
         self.log_dir = Path(cfg.run_dir) / "logs"
         self.metrics = LaunchMetrics()
@@ -152,9 +117,10 @@ class Launcher:
         self.write_state()
 
     def _spawn(self, spec: RoleSpec) -> subprocess.Popen:
-        module, *role_args = spec.argv
-        token = {LEARNER_TOKEN_ENV: self.learner_token} if self.learner_token and spec.kind in TOKEN_HOLDERS else {}
-        return spawn_role(module, [*self.overrides, *role_args], self.log_dir / f"{spec.name}.log", env_extra=token)
+        module, *command = spec.argv
+        token = {LEARNER_TOKEN_ENV: self.learner_token} if self.learner_token and spec.learner_token else {}
+        args = [*command, *self.overrides, *spec.args]
+        return spawn_role(module, args, self.log_dir / f"{spec.name}.log", env_extra=token)
 
     def check_alive(self) -> None:
         """RuntimeError naming the first started process that has exited, with its log's last
@@ -386,11 +352,7 @@ def attach_main(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--attach"]:
-        return attach_main(argv[1:])
-    cfg = cfg or role_config("empo2-run", argv)
+def main(argv: list[str], cfg: PipelineConfig) -> int:
     t0 = time.time()
     print(f"[launch] run dir {cfg.run_dir}; preparing model {cfg.model.name}", flush=True)
     print(f"[launch] model at {resolve_model(cfg.model.name, cfg.model.cache_dir or None)}", flush=True)
@@ -441,7 +403,3 @@ def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> in
                 print(f"[launch] --- last lines of {child.log_path} ---\n{child.tail()}", flush=True)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -33,14 +33,14 @@ RATES = [
 
 def roles_from_config(overrides: list[str]) -> list[dict]:
     """The roles a configuration runs, with their metrics endpoints (no launcher state)."""
-    from deploy.launch import role_commands
     from pipeline.config import load_config
+    from pipeline.roles import run_roles
 
     cfg = load_config(overrides)
     m = cfg.metrics
     return [
         {"name": r.name, "kind": r.kind, "metrics": f"{m.host}:{m.port(r.kind, r.index)}", "log": None}
-        for r in role_commands(cfg)
+        for r in run_roles(cfg)
     ]
 
 

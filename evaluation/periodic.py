@@ -5,14 +5,14 @@ Every eval.checkpoint_poll_s it looks at <run_dir>/checkpoints; when the newest 
 a step that is a multiple of eval.every_steps and has not been scored yet, it scores that one
 (older unscored ones are skipped: the newest is what matters) with the same evaluation as
 empo2-eval, on eval.subset_tasks (default eval.tasks) x eval.subset_variations test variations:
-`python -m evaluation.eval` as a child process, with its own policy server serving the
+`empo2-eval` (`python -m pipeline empo2-eval`) as a child process, with its own policy server serving the
 checkpoint on eval.server_endpoint and its own metrics block (eval.metrics_base_port), so no
 socket or port of the training is shared. The results are in <run_dir>/eval/step_N/ and, as an
 "eval" record, in <run_dir>/metrics.jsonl beside the learner's steps (empo2-plot draws them).
 A failed evaluation is logged and counted, and the next checkpoint is tried.
 
 Run: started by `empo2-run eval.every_steps=N learner.checkpoint_every=M` (N a multiple of M);
-alone: `python -m evaluation.periodic [key=value ...]`.
+alone: `python -m pipeline empo2-evaluator [key=value ...]`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ from pathlib import Path
 
 from common.logs import setup_logging
 from common.metrics import EvaluatorMetrics
-from common.process import interrupt_on_sigterm, spawn_role, stop_group
+from common.process import interrupt_on_sigterm, spawn_command, stop_group
 from evaluation.eval import PolicyChoice, policy_step
-from pipeline.cli import role_config
 from pipeline.config import PipelineConfig
 
 log = logging.getLogger("evaluator")
@@ -68,7 +67,7 @@ def eval_overrides(cfg: PipelineConfig, overrides: list[str], checkpoint: Path) 
 def score(cfg: PipelineConfig, overrides: list[str], checkpoint: Path, metrics: EvaluatorMetrics) -> bool:
     log_path = cfg.run_path("logs", f"eval_{checkpoint.name}.log")
     log.info("scoring %s (log %s)", checkpoint, log_path)
-    child = spawn_role("evaluation.eval", eval_overrides(cfg, overrides, checkpoint), log_path)
+    child = spawn_command("empo2-eval", eval_overrides(cfg, overrides, checkpoint), log_path)
     try:
         rc = child.wait()
     finally:
@@ -86,9 +85,7 @@ def score(cfg: PipelineConfig, overrides: list[str], checkpoint: Path, metrics: 
     return ok
 
 
-def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    cfg = cfg or role_config("empo2-eval", argv)
+def main(argv: list[str], cfg: PipelineConfig) -> int:
     setup_logging("evaluator")
     interrupt_on_sigterm()  # the launcher's stop reaches the child evaluation through the finally below
     if not cfg.eval.every_steps:

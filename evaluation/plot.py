@@ -3,9 +3,16 @@
 Reads each run's <run_dir>/metrics.jsonl (learner "step" records, learner/train.py; "eval"
 records, evaluation/eval.py) and writes, to --out (default <first run>/plots):
   score.png           training episode score vs learner step and vs wall time, runs overlaid
-                      (the paper's Figure 13)
-  eval.png            evaluation score and success rate vs learner step, runs overlaid
+                      (the paper's Figure 13): each batch's mean as a dot, their moving average
+                      over SMOOTHING steps as a line in a band of ± the window's standard
+                      deviation (one noisy batch is not a collapse), and vs step the evaluations
+                      with their 95% intervals where the records carry them
+  eval.png            evaluation score and success rate vs learner step, runs overlaid, with
+                      their intervals (an eval record's "<field>_ci": [low, high]) where present
   training.png        loss, clip fraction and masked fraction vs step
+  exploration.png     distinct states per episode and per group, distinct actions per group, the
+                      fraction of collapsed groups (learner/exploration.py) and the policy's
+                      entropy, vs step: written when the records carry them
   time_breakdown.png  per run, stacked seconds per step: the learner's phases (batch wait, score,
                       forward/backward, optimizer, push, ...) and the actors' rollout phases
                       (generation, env step, memory retrieval, ...) (the paper's Figure 12)
@@ -21,6 +28,9 @@ import sys
 from pathlib import Path
 
 from common.metrics import METRICS_LOG
+from learner.exploration import METRICS as EXPLORATION
+
+SMOOTHING = 5  # steps in the training score's moving average (score.png)
 
 
 def read_log(run_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -44,6 +54,39 @@ def _series(records: list[dict], x: str, y: str) -> tuple[list[float], list[floa
     return [p[0] for p in points], [p[1] for p in points]
 
 
+def moving_band(values: list[float], window: int = SMOOTHING) -> tuple[list[float], list[float], list[float]]:
+    """(mean, mean - std, mean + std) over the trailing `window` values at each point (fewer at the
+    start): the smoothed curve and its band, std the window's population standard deviation."""
+    means, lows, highs = [], [], []
+    for i in range(len(values)):
+        part = values[max(0, i - window + 1) : i + 1]
+        mean = sum(part) / len(part)
+        std = (sum((v - mean) ** 2 for v in part) / len(part)) ** 0.5
+        means.append(mean)
+        lows.append(mean - std)
+        highs.append(mean + std)
+    return means, lows, highs
+
+
+def _smoothed(ax, xs: list[float], ys: list[float], label: str, color: str) -> None:
+    """Each point faint, their moving average as a line in its band (moving_band)."""
+    ax.plot(xs, ys, ".", color=color, alpha=0.35)
+    mean, low, high = moving_band(ys)
+    ax.plot(xs, mean, color=color, label=f"{label} (mean of {SMOOTHING})")
+    ax.fill_between(xs, low, high, color=color, alpha=0.15)
+
+
+def _with_intervals(ax, records: list[dict], y: str, label: str, scale: float = 1.0, **style) -> None:
+    """`y` vs step; error bars where a record carries its interval ("<y>_ci": [low, high])."""
+    records = [r for r in records if r.get("step") is not None and r.get(y) is not None]
+    xs, ys = [r["step"] for r in records], [scale * r[y] for r in records]
+    bounds = [r.get(f"{y}_ci") or [r[y], r[y]] for r in records]
+    below = [y_ - scale * lo for y_, (lo, _) in zip(ys, bounds)]
+    above = [scale * hi - y_ for y_, (_, hi) in zip(ys, bounds)]
+    yerr = [below, above] if any(r.get(f"{y}_ci") for r in records) else None
+    ax.errorbar(xs, ys, yerr=yerr, marker="o", capsize=3, label=label, **style)
+
+
 def plot_runs(run_dirs: list[Path], out: Path) -> list[Path]:
     import matplotlib
 
@@ -61,16 +104,21 @@ def plot_runs(run_dirs: list[Path], out: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
 
-    # the paper's Figure 13: score vs step and vs wall time
+    # the paper's Figure 13: score vs step and vs wall time, smoothed; the evaluations beside it
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, steps, _ in runs:
-        by_step.plot(*_series(steps, "step", "episode_score_mean"), marker=".", label=name)
+    for i, (name, steps, evals) in enumerate(runs):
+        color = f"C{i % 10}"  # one colour per run in both panels, its evaluations included
+        _smoothed(by_step, *_series(steps, "step", "episode_score_mean"), name, color)
+        for size, same in _by_size(evals):
+            _with_intervals(by_step, same, "mean_score", f"{name} evaluation{size}", color=color, linestyle="--")
         timed = [r for r in steps if "wall_time" in r and "elapsed_s" in r]
         if timed:  # minutes since the run began: a restarted learner's elapsed_s starts again from 0
             start = timed[0]["wall_time"] - timed[0]["elapsed_s"]
             minutes = [(r["wall_time"] - start) / 60 for r in timed]
-            by_time.plot(minutes, [r["episode_score_mean"] for r in timed], marker=".", label=name)
-    by_step.set(xlabel="learner step", ylabel="mean episode score (training batch)", title="score vs step")
+            _smoothed(by_time, minutes, [r["episode_score_mean"] for r in timed], name, color)
+    by_step.set(
+        xlabel="learner step", ylabel="mean episode score (training batch; evaluation: test)", title="score vs step"
+    )
     by_time.set(xlabel="wall time (min)", ylabel="mean episode score (training batch)", title="score vs wall time")
     for ax in (by_step, by_time):
         ax.grid(alpha=0.3)
@@ -80,15 +128,9 @@ def plot_runs(run_dirs: list[Path], out: Path) -> list[Path]:
     if any(evals for _, _, evals in runs):
         fig, (score, success) = plt.subplots(1, 2, figsize=(11, 4))
         for name, _, evals in runs:
-            # one series per evaluation size: the periodic subset and a final evaluation of the same
-            # checkpoint are different measurements
-            sizes = dict.fromkeys((r.get("variations_per_task"), r.get("episodes_per_variation")) for r in evals)
-            for size in sizes:
-                same = [r for r in evals if (r.get("variations_per_task"), r.get("episodes_per_variation")) == size]
-                label = f"{name} ({size[0]} x {size[1]})" if size[0] else name
-                score.plot(*_series(same, "step", "mean_score"), marker="o", label=label)
-                xs, ys = _series(same, "step", "mean_success_rate")
-                success.plot(xs, [100 * y for y in ys], marker="o", label=label)
+            for size, same in _by_size(evals):
+                _with_intervals(score, same, "mean_score", f"{name}{size}")
+                _with_intervals(success, same, "mean_success_rate", f"{name}{size}", scale=100.0)
         score.set(xlabel="learner step (checkpoint)", ylabel="test score (mean over tasks)", title="evaluation score")
         success.set(xlabel="learner step (checkpoint)", ylabel="success rate (%)", title="evaluation success")
         for ax in (score, success):
@@ -108,6 +150,9 @@ def plot_runs(run_dirs: list[Path], out: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     save(fig, "training.png")
+
+    if any(r.get(key) is not None for _, steps, _ in runs for r in steps for key in EXPLORATION):
+        save(_exploration_figure(plt, runs), "exploration.png")
 
     # the paper's Figure 12: where the time goes, per component
     fig, axes = plt.subplots(len(runs), 2, figsize=(12, 3.5 * len(runs)), squeeze=False)
@@ -129,6 +174,45 @@ def plot_runs(run_dirs: list[Path], out: Path) -> list[Path]:
                 ax.legend(fontsize=7, framealpha=0.6)
     save(fig, "time_breakdown.png")
     return written
+
+
+def _by_size(evals: list[dict]) -> list[tuple[str, list[dict]]]:
+    """The eval records by evaluation size, with a label suffix: the periodic subset and a final
+    evaluation of the same checkpoint are different measurements, one series each."""
+
+    def size_of(record: dict) -> tuple:
+        return record.get("variations_per_task"), record.get("episodes_per_variation")
+
+    return [
+        (f" ({size[0]} x {size[1]})" if size[0] else "", [r for r in evals if size_of(r) == size])
+        for size in dict.fromkeys(map(size_of, evals))
+    ]
+
+
+def _exploration_figure(plt, runs: list[tuple[str, list[dict], list[dict]]]):
+    """learner/exploration.py's metrics and the policy's entropy vs step (the paper's Figures 3 and 7)."""
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    (states, actions), (collapsed, entropy) = axes
+    for name, steps, _ in runs:
+        if not any(r.get(key) is not None for r in steps for key in EXPLORATION):
+            continue  # a log from before they were recorded
+        states.plot(*_series(steps, "step", "distinct_states_per_group"), marker=".", label=f"{name}: per group")
+        states.plot(*_series(steps, "step", "distinct_states_per_episode"), marker=".", label=f"{name}: per episode")
+        actions.plot(*_series(steps, "step", "distinct_actions_per_group"), marker=".", label=name)
+        xs, ys = _series(steps, "step", "collapsed_group_fraction")
+        collapsed.plot(xs, [100 * y for y in ys], marker=".", label=name)
+        # 0 in a record of a run that did not measure it (before every step did, without entropy_coef)
+        entropy.plot(*_series([r for r in steps if r.get("entropy_mean")], "step", "entropy_mean"), ".-", label=name)
+    for ax, title in (
+        (states, "distinct states (room, inventory, visible objects)"),
+        (actions, "distinct actions per group"),
+        (collapsed, "groups whose episodes share one state sequence (%)"),
+        (entropy, "policy entropy at response tokens (nats)"),
+    ):
+        ax.set(xlabel="learner step", title=title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:

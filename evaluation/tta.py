@@ -31,15 +31,15 @@ from actors.env_actor.worker import EnvWorker
 from common.logs import setup_logging
 from common.model_prep import resolve_model
 from common.process import exit_on_sigterm
-from deploy.launch import Launcher, RoleSpec, role_commands
+from deploy.launch import Launcher
 from deploy.monitor import scrape, total
-from pipeline.cli import role_config
-from pipeline.config import PipelineConfig
+from pipeline.config import PipelineConfig, run_facts
+from pipeline.roles import RoleSpec, run_roles
 from protocol.messages import ON_POLICY_TIPS, Assignment
 
 log = logging.getLogger("tta")
 
-TTA_ROLES = ("policy_server", "memory_service")  # prefixes of deploy.launch.role_commands names
+TTA_ROLES = ("policy_server", "memory_service")  # prefixes of deploy.launch.run_roles names
 REFLECTIONS = "empo2_memory_service_reflections_total"
 REFLECTION_ERRORS = 'empo2_memory_service_errors_total{where="reflection"}'
 REFLECTION_POLL_S = 0.5  # how often the memory service's metrics are read while a reflection is awaited
@@ -57,7 +57,7 @@ class TaskResult:
 
 
 def tta_roles(cfg: PipelineConfig) -> list[RoleSpec]:
-    return [r for r in role_commands(cfg) if r.name.startswith(TTA_ROLES)]
+    return [r for r in run_roles(cfg) if r.name.startswith(TTA_ROLES)]
 
 
 def wait_for_servers(worker: EnvWorker, launcher: Launcher) -> None:
@@ -165,7 +165,7 @@ def run(cfg: PipelineConfig, overrides: list[str]) -> list[TaskResult]:
         cleanup.callback(launcher.stop)  # registered first, so it runs last and also after a partial start
         launcher.start()
         # the env actor's episodes, requests, retrieval and reports (sampling at tta.temperature)
-        worker = EnvWorker(cfg)
+        worker = EnvWorker(cfg.env_actor, cfg.env, run_facts(cfg))
         cleanup.callback(worker.close)
         worker.open()  # the tokenizer and the JVM load while the servers start
         wait_for_servers(worker, launcher)
@@ -178,9 +178,7 @@ def run(cfg: PipelineConfig, overrides: list[str]) -> list[TaskResult]:
         return play_all(cfg, launcher, worker)
 
 
-def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    cfg = cfg or role_config("empo2-memory-tta", argv)
+def main(argv: list[str], cfg: PipelineConfig) -> int:
     setup_logging("tta")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # closing ScienceWorld logs harmless tracebacks at INFO
     exit_on_sigterm()

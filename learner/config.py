@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.choices import Choice, Device
+from common.config import at_least, check, positive, within
 
 
 class LrSchedule(Choice):
@@ -113,3 +114,34 @@ class LearnerConfig:
     push_timeout_s: float = 300.0  # one weight push to one server, until it reports the version live
     push_attempts: int = 3  # a push that times out (a hung server) is sent again, this many tries in all
     torch_threads: int = 0  # 0 = torch default
+
+    def validate(self) -> None:
+        at_least("groups_per_step", self.groups_per_step, 1)
+        check(
+            self.max_staleness >= 0,
+            "max_staleness",
+            f"a group is at least 0 versions old: >= 0, got {self.max_staleness}",
+        )
+        at_least("total_steps", self.total_steps, 0)
+        positive("lr", self.lr)
+        at_least("warmup_steps", self.warmup_steps, 0)
+        check(
+            0 <= self.clip_low < 1, "clip_low", f"the ratio is clipped at 1 - clip_low > 0: [0, 1), got {self.clip_low}"
+        )
+        at_least("clip_high", self.clip_high, 0)
+        check(self.dual_clip > 1, "dual_clip", f"the dual-clip constant must be > 1, got {self.dual_clip}")
+        positive("behaviour_weight_cap", self.behaviour_weight_cap)
+        at_least("micro_batch_tokens", self.micro_batch_tokens, 1)
+        at_least("mini_batch_samples", self.mini_batch_samples, 0)
+        at_least("update_epochs", self.update_epochs, 1)
+        check(self.score_scale > 0, "score_scale", f"the score's factor must be > 0, got {self.score_scale}")
+        at_least("lora_rank", self.lora_rank, 0)
+        within("gigpo_gamma", self.gigpo_gamma, 0.0, 1.0)
+        for name in ("rnd_feature_dim", "rnd_hidden", "rnd_output_dim"):
+            at_least(name, getattr(self, name), 1)
+        at_least("rnd_updates", self.rnd_updates, 0)
+        at_least("checkpoint_every", self.checkpoint_every, 0)
+        at_least("keep_checkpoints", self.keep_checkpoints, 1)
+        positive("push_timeout_s", self.push_timeout_s)
+        at_least("push_attempts", self.push_attempts, 1)
+        at_least("torch_threads", self.torch_threads, 0)

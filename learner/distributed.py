@@ -1,6 +1,6 @@
 """Data parallelism for the learner: torch.distributed + FSDP2, applied here and nowhere else.
 
-    torchrun --nproc_per_node=N -m learner.train [key=value ...]   N ranks on one host
+    torchrun --nproc_per_node=N -m pipeline empo2-learner [key=value ...]   N ranks on one host
     empo2-learner [key=value ...]                                   the same code as a group of one
 
 Backend gloo on CPU, nccl on CUDA (learner.device). Every rank holds a shard of the weights,

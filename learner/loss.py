@@ -10,7 +10,8 @@ The caller scores the prompt that matches the mode (tips removed for off-policy,
 this module only sees the two log-probs.
 
 Clipped surrogate with asymmetric clip and dual clip (no KL, no entropy term by default; both
-are options: L_t − β_H · H_t + β_KL · KL_t, with the k3 KL estimate against the initial policy):
+are options: L_t − β_H · H_t + β_KL · KL_t, with the k3 KL estimate against the initial policy;
+H_t is measured at every step all the same, without gradient):
     L1_t = −A · r_t
     L2_t = −A · clip(r_t, 1 − ε_low, 1 + ε_high)
     L_t  = max(L1_t, L2_t)                  if A ≥ 0
@@ -92,6 +93,13 @@ def clipped_policy_loss(
 def entropy(log_softmax: torch.Tensor) -> torch.Tensor:
     """[T, V] log-probs -> [T] entropy of the policy at each response position."""
     return -(log_softmax.exp() * log_softmax).sum(-1)
+
+
+@torch.no_grad()
+def measured_entropy(log_softmax: torch.Tensor, rows: int = 256) -> torch.Tensor:
+    """entropy() without gradient, `rows` positions at a time (a [rows, V] temporary at most): H_t of
+    every step when it is not in the loss (the paper's Figure 7)."""
+    return torch.cat([entropy(part) for part in log_softmax.detach().split(rows)])
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,15 @@ import torch
 
 from learner import distributed
 from learner.config import LearnerConfig, Packing
-from learner.loss import ClipConfig, clipped_policy_loss, entropy, kl_k3, low_probability_mask, mask_subject
+from learner.loss import (
+    ClipConfig,
+    clipped_policy_loss,
+    entropy,
+    kl_k3,
+    low_probability_mask,
+    mask_subject,
+    measured_entropy,
+)
 from learner.policy_model import Scored, batch_log_softmax, common_prefix, row_length, token_logprobs
 from learner.samples import TurnSample
 from protocol.messages import MODES, ON_POLICY, ON_POLICY_TIPS
@@ -88,7 +96,7 @@ class StepTotals:
     approx_kl: float = _summed()  # Σ (r_t − 1) − log r_t
     behaviour_weight: float = _summed()  # Σ w_t (decoupled PPO; 1 per token when plain)
     behaviour_weight_capped: float = _summed()  # tokens over the behaviour-weight cap
-    entropy: float = _summed()  # Σ H_t (if entropy_coef)
+    entropy: float = _summed()  # Σ H_t
     kl: float = _summed()  # Σ KL_t to the reference (if kl_coef)
     mismatch: float = _summed()  # Σ |log πθold − log πθ| on same-version, same-prompt tokens (mask or not)
     mismatch_tokens: int = _summed(0)
@@ -132,7 +140,7 @@ class StepStats:
     approx_kl: float
     behaviour_weight_mean: float  # decoupled PPO: mean πprox/πbehaviour over kept tokens (1 when plain)
     behaviour_weight_capped_fraction: float  # decoupled PPO: tokens dropped over the cap
-    entropy_mean: float  # mean policy entropy at response positions (0 unless entropy_coef)
+    entropy_mean: float  # mean policy entropy (nats) at the kept response positions, at every step
     kl_mean: float  # mean k3 KL to the initial policy (0 unless kl_coef)
     lr: float  # learning rate of this step (learner.lr times the schedule's factor)
     advantage_abs_mean: float
@@ -444,6 +452,8 @@ def micro_batch_loss(
     if cfg.entropy_coef:
         diag["entropy"] = entropy(log_softmax[keep])
         loss = loss - cfg.entropy_coef * diag["entropy"]
+    else:  # measured all the same, without gradient (the paper's Figure 7): the same logits, no other pass
+        diag["entropy"] = measured_entropy(log_softmax)[keep]
     if pre.ref_logp is not None:
         diag["kl"] = kl_k3(logp, torch.cat(pre.ref_logp or [torch.zeros(1, device=device)])[keep])
         loss = loss + cfg.kl_coef * diag["kl"]

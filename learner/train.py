@@ -15,7 +15,7 @@ rank of a torchrun job; rank 0 alone owns the sockets and broadcasts each batch
 (learner/distributed.py). One process is the same code as a group of one.
 
 Run: `empo2-learner [key=value ...]`
-     `torchrun --nproc_per_node=N -m learner.train [key=value ...]` (N ranks, FSDP2; gloo on CPU,
+     `torchrun --nproc_per_node=N -m pipeline empo2-learner [key=value ...]` (N ranks, FSDP2; gloo on CPU,
      nccl on CUDA with learner.device=cuda; rank r serves metrics on the learner port + r).
 """
 
@@ -26,7 +26,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -34,6 +33,7 @@ import numpy as np
 import torch
 import zmq
 
+from common.config import RunFacts, WeightSyncConfig
 from common.metrics import METRICS_LOG, LearnerMetrics
 from common.model_prep import resolve_model
 from common.process import run_role
@@ -41,6 +41,7 @@ from learner import distributed
 from learner.advantages import CountBonus, IntrinsicReward
 from learner.checkpoint import list_checkpoints, load_trainer_state, save_checkpoint
 from learner.config import LearnerConfig
+from learner.exploration import exploration_stats
 from learner.lora import apply_lora, is_lora, lora_scale, merged_weights
 from learner.optim import build_optimizer
 from learner.policy_model import ResponseScorer, load_policy
@@ -48,8 +49,6 @@ from learner.rnd import RNDBonus
 from learner.samples import GiGPO, build_samples, finite_samples
 from learner.step import PHASES, PhaseTimer, StepStats, train_step
 from learner.weight_push import PushTiming, WeightPusher, weight_tensors
-from pipeline.cli import role_config
-from pipeline.config import PipelineConfig
 from protocol import Client, RemoteError, RequestTimeout
 from protocol.messages import Batch, BatchConfirm, BatchRequest, Trajectory, Wait
 from protocol.transport import wait_until_ready
@@ -189,30 +188,32 @@ def step_record(
         "weight_push_seconds": push.seconds,
         "weight_push_engine_seconds": push.engine_seconds,
         "phase_seconds": {phase: phase_seconds[phase] for phase in PHASES if phase in phase_seconds},
+        # distinct states and actions, collapsed groups (learner/exploration.py); the entropy is entropy_mean
+        **exploration_stats(trajectories),
         **{k: v for k, v in vars(stats).items()},
     }
 
 
 class Learner:
-    def __init__(self, cfg: PipelineConfig):
-        self.cfg, self.lcfg = cfg, cfg.learner
+    def __init__(self, learner: LearnerConfig, weight_sync: WeightSyncConfig, run: RunFacts):
+        self.lcfg, self.weight_sync, self.run_facts = learner, weight_sync, run
         self.metrics = LearnerMetrics()
         if self.lcfg.torch_threads:
             torch.set_num_threads(self.lcfg.torch_threads)
-        torch.manual_seed(cfg.seed)
-        self.checkpoints = Path(cfg.run_dir) / "checkpoints"
+        torch.manual_seed(run.seed)
+        self.checkpoints = Path(run.run_dir) / "checkpoints"
         resume_from = list_checkpoints(self.checkpoints)[-1:] if self.lcfg.resume else []
         # a LoRA run resumes from the base model plus the adapter in the trainer state, else from the checkpoint's weights
-        base_model = resolve_model(cfg.model.name, cfg.model.cache_dir or None)
+        base_model = resolve_model(run.model.name, run.model.cache_dir or None)
         self.model_path = str(resume_from[0]) if resume_from and not self.lcfg.lora_rank else base_model
-        # "memory in use" is a property of the run (the paper masks whenever p > 0), read once here at the
-        # composition root rather than guessed from each batch's modes or restated as a learner key
+        # "memory in use" is a property of the run (the paper masks whenever p > 0), derived once by
+        # pipeline/ (RunFacts) rather than guessed from each batch's modes or restated as a learner key
         self.trainer = Trainer(
             self.lcfg,
             self.model_path,
-            cfg.seed,
+            run.seed,
             resume_from[0] if resume_from else None,
-            memory_in_use=cfg.replay_buffer.p_memory > 0,
+            memory_in_use=run.memory_in_use,
             reference_path=base_model,
         )
         if resume_from:
@@ -225,16 +226,15 @@ class Learner:
         if not self.is_rank0:
             return
         ctx = zmq.Context.instance()
-        self.buffer = Client(ctx, cfg.endpoints.replay_buffer, timeout_s=60.0)
-        self.policies = [Client(ctx, ep, timeout_s=self.lcfg.push_timeout_s) for ep in cfg.endpoints.policy_servers]
-        run_id = hashlib.sha1(str(Path(cfg.run_dir).resolve()).encode()).hexdigest()[:12]
+        self.buffer = Client(ctx, run.endpoints.replay_buffer, timeout_s=60.0)
+        self.policies = [Client(ctx, ep, timeout_s=self.lcfg.push_timeout_s) for ep in run.endpoints.policy_servers]
+        run_id = hashlib.sha1(str(Path(run.run_dir).resolve()).encode()).hexdigest()[:12]
         # an NCCL group spans the learner and a server's tensor-parallel workers
-        tensor_parallel_size = cfg.policy_server.tensor_parallel_size
         self.pusher = WeightPusher(
-            cfg.weight_sync,
+            weight_sync,
             self.policies,
             self.lcfg.push_timeout_s,
-            tensor_parallel_size,
+            run.server_tensor_parallel_size,
             self.lcfg.push_attempts,
             shm_name=f"run-{run_id}",
         )
@@ -248,7 +248,7 @@ class Learner:
             wait_until_ready(
                 client,
                 "learner",
-                self.cfg.startup_timeout_s,
+                self.run_facts.startup_timeout_s,
                 on_wait=lambda left, ep=client.endpoint: log.info("waiting for %s (%.0fs left)", ep, left),
             )
         if self.version > 0:  # resumed: the servers start from the base model, give them ours
@@ -275,7 +275,7 @@ class Learner:
     def push(self) -> PushTiming | None:
         """Bring every policy server to the current weights (weight_sync.method). Every rank takes
         part in gathering them; rank 0 sends them and gets the timing (None elsewhere)."""
-        if self.cfg.weight_sync.method == "checkpoint":  # every push is a checkpoint the servers load
+        if self.weight_sync.method == "checkpoint":  # every push is a checkpoint the servers load
             path = self.save_checkpoint()
             return self.pusher.push_checkpoint(Path(path), self.version) if self.is_rank0 else None
         weights = self.trainer.full_weights()
@@ -295,7 +295,7 @@ class Learner:
             num_groups=self.lcfg.groups_per_step,
             max_staleness=self.lcfg.max_staleness,
             max_bytes=self.buffer.max_bytes,
-            token=self.cfg.security.learner_token,
+            token=self.run_facts.security.learner_token,
         )
         while True:
             reply = self._call_buffer(request)
@@ -335,11 +335,11 @@ class Learner:
         record = {**record, **self.throughput(record)}
         self.metrics.observe_step(record)
         self.history.append(record)
-        with open(self.cfg.run_path(METRICS_LOG), "a") as f:  # one line per step, for empo2-plot
+        with open(self.run_facts.run_path(METRICS_LOG), "a") as f:  # one line per step, for empo2-plot
             f.write(json.dumps(record) + "\n")
         log.info(
             "step %d: loss=%.4f samples=%d (masked %d) in %d sequences tokens=%d forwarded=%d optimizer_steps=%d "
-            "score=%.1f ratio=%.3f clip=%.3f "
+            "score=%.1f ratio=%.3f clip=%.3f entropy=%.3f states/group=%.1f "
             "mismatch=%.2e/%.2e nats lr=%.2e step=%.1fs push=%.1fs phases: %s",
             record["step"],
             record["loss"],
@@ -352,6 +352,8 @@ class Learner:
             record["episode_score_mean"],
             record["ratio_mean"],
             record["clip_fraction"],
+            record["entropy_mean"],
+            record["distinct_states_per_group"],
             record["logprob_mismatch_mean_nats"],
             record["logprob_mismatch_max_nats"],
             record["lr"],
@@ -397,7 +399,7 @@ class Learner:
         }
         if not self.is_rank0:
             return summary
-        self.cfg.run_path("learner_summary.json").write_text(json.dumps(summary, indent=1))
+        self.run_facts.run_path("learner_summary.json").write_text(json.dumps(summary, indent=1))
         log.info(
             "done: %d steps, policy version %d, checkpoint %s", self.version, self.version, summary["final_checkpoint"]
         )
@@ -409,11 +411,5 @@ class Learner:
         distributed.close()
 
 
-def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> None:
-    # under torchrun, rank r serves its metrics on the learner's port + r
-    cfg = cfg or role_config("empo2-learner", argv)
-    run_role(cfg, "learner", Learner, index=lambda cfg: int(os.environ.get("RANK", 0)))
-
-
-if __name__ == "__main__":
-    main()
+def main(learner: LearnerConfig, weight_sync: WeightSyncConfig, run: RunFacts) -> None:
+    run_role("learner", run, lambda: Learner(learner, weight_sync, run))

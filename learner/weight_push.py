@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
+from common.config import WeightSyncConfig
 from learner.lora import adapter_tensors, is_lora
-from pipeline.config import WeightSyncConfig
 from protocol import Client, RequestTimeout
 from protocol.messages import (
     NcclTransferInit,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.choices import Choice
+from common.config import at_least, within
 
 EMBEDDED_EMBEDDER = "embedded:all-MiniLM-L6-v2"
 REFLECTION_SYSTEM = (
@@ -52,3 +53,15 @@ class MemoryServiceConfig:
         """Tokens the reflection prompt may take: reflection_prompt_tokens, or what the policy
         server's context (policy_server.max_model_len) leaves after the reflection itself."""
         return self.reflection_prompt_tokens or max_model_len - self.reflection_max_tokens
+
+    def validate(self) -> None:
+        within("similarity_threshold", self.similarity_threshold, -1.0, 1.0)
+        at_least("top_k", self.top_k, 1)
+        at_least("capacity", self.capacity, 1)
+        at_least("reflection_steps_shown", self.reflection_steps_shown, 0)
+        at_least("reflection_state_chars", self.reflection_state_chars, 0)
+        at_least("reflection_prompt_tokens", self.reflection_prompt_tokens, 0)
+        at_least("reflection_max_tokens", self.reflection_max_tokens, 1)
+        at_least("reflection_temperature", self.reflection_temperature, 0)
+        at_least("reflection_batch_size", self.reflection_batch_size, 1)
+        at_least("reflection_attempts", self.reflection_attempts, 1)

@@ -26,6 +26,7 @@ import numpy as np
 import zmq
 from threadpoolctl import threadpool_limits
 
+from common.config import RunFacts
 from common.logs import short_id
 from common.metrics import MemoryServiceMetrics
 from common.model_prep import resolve_model
@@ -34,8 +35,6 @@ from common.server import serve_requests
 from memory_service.config import MemoryServiceConfig
 from memory_service.embedder import Embedder
 from memory_service.store import Entry, MemoryStore, memory_key
-from pipeline.cli import role_config
-from pipeline.config import PipelineConfig, door_limits
 from protocol import Client, ProtocolError, RemoteError, decode, encode
 from protocol.codec import pack_frames, unpack_frames
 from protocol.messages import Ack, EpisodeReport, GenerateRequest, MemoryQuery, MemoryResult, Ping, Pong, Wait
@@ -121,27 +120,27 @@ def tip_text(reflection: str, action: str, score: float) -> str:
 
 
 class MemoryService:
-    def __init__(self, cfg: PipelineConfig):
-        self.cfg, self.mcfg = cfg, cfg.memory_service
+    def __init__(self, memory_service: MemoryServiceConfig, run: RunFacts):
+        self.mcfg, self.run_facts = memory_service, run
         self.metrics = MemoryServiceMetrics()
-        self.store = MemoryStore(cfg.run_path(self.mcfg.db_file), self.mcfg.capacity)
+        self.store = MemoryStore(run.run_path(self.mcfg.db_file), self.mcfg.capacity)
         self.embedder = Embedder(self.mcfg.embedder)
         # One BLAS thread for the vector search: with two, OpenBLAS's spinning threads fight torch's
         # embedding threads for the cores (benchmarks/README.md: query p50 43.9 -> 16.4 ms at 10k).
         threadpool_limits(limits=1, user_api="blas")
         # (pending id in the store, report): what the reflection worker takes; the store holds the same
         self.reports: queue.Queue[tuple[int, EpisodeReport]] = queue.Queue()
-        self.limits = door_limits(cfg)  # every message is checked against these (common/server.py)
+        self.limits = run.door  # every message is checked against these (common/server.py)
         self.queued_bytes = 0  # report_bytes of the queued reports: bounded by security.max_reflection_queue_bytes
         self.queue_lock = threading.Lock()
         self.labelled: set[str] = set()  # memories with a metric label of their own (MAX_LABELLED_MEMORIES)
         self.resume_reports()
         # the reflection prompt's token budget: what the policy server's context leaves to it
-        self.prompt_budget = self.mcfg.reflection_prompt_budget(cfg.policy_server.max_model_len)
+        self.prompt_budget = self.mcfg.reflection_prompt_budget(run.max_model_len)
         memories, entries = self.store.stats()
         self.metrics.memories.set(memories)
         self.metrics.entries.set(entries)
-        log.info("memory store %s: %d entries in %d memories", cfg.run_path(self.mcfg.db_file), entries, memories)
+        log.info("memory store %s: %d entries in %d memories", run.run_path(self.mcfg.db_file), entries, memories)
         if self.store.unusable_rows:
             self.metrics.errors.labels("unusable_stored_row").inc(self.store.unusable_rows)
             log.warning("dropped %d stored entries without a finite score or text", self.store.unusable_rows)
@@ -154,8 +153,8 @@ class MemoryService:
     # ---------------------------------------------------------------- request loop (main thread)
     def run(self) -> None:
         threading.Thread(target=self._reflection_worker, name="reflection", daemon=True).start()
-        log.info("memory service on %s", self.cfg.endpoints.memory_service)
-        serve_requests(self.cfg.endpoints.memory_service, self.handlers, self.metrics, self.limits)
+        log.info("memory service on %s", self.run_facts.endpoints.memory_service)
+        serve_requests(self.run_facts.endpoints.memory_service, self.handlers, self.metrics, self.limits)
 
     def close(self) -> None:
         self.store.close()
@@ -184,7 +183,7 @@ class MemoryService:
         """Room in the reflection queue for this report (security.max_reflection_queue_bytes)? Takes it."""
         size = report_bytes(report)
         with self.queue_lock:
-            if self.queued_bytes + size > self.cfg.security.max_reflection_queue_bytes:
+            if self.queued_bytes + size > self.run_facts.security.max_reflection_queue_bytes:
                 return False
             self.queued_bytes += size
         return True
@@ -224,8 +223,10 @@ class MemoryService:
         batch in one call, store. One failed reflection loses that episode's tips, nothing else."""
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.cfg.model.name, self.cfg.model.cache_dir or None))
-        ctx, servers = zmq.Context.instance(), self.cfg.endpoints.policy_servers
+        tokenizer = AutoTokenizer.from_pretrained(
+            resolve_model(self.run_facts.model.name, self.run_facts.model.cache_dir or None)
+        )
+        ctx, servers = zmq.Context.instance(), self.run_facts.endpoints.policy_servers
         clients = [
             Client(ctx, servers[i % len(servers)], self.mcfg.reflection_timeout_s)
             for i in range(self.mcfg.reflection_batch_size)
@@ -307,7 +308,7 @@ class MemoryService:
         vectors = self.embed([obs for _, report, _ in reflected for obs in report.observations])
         added, offset = 0, 0
         for report_id, report, reflection in reflected:
-            reflection = " ".join(reflection.split())[: self.cfg.security.max_reflection_len]
+            reflection = " ".join(reflection.split())[: self.run_facts.security.max_reflection_len]
             reflection = reflection or "No reflection was produced."
             n = len(report.observations)
             entries = [
@@ -336,9 +337,5 @@ class MemoryService:
         return added
 
 
-def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> None:
-    run_role(cfg or role_config("empo2-memory-service", argv), "memory_service", MemoryService)
-
-
-if __name__ == "__main__":
-    main()
+def main(memory_service: MemoryServiceConfig, run: RunFacts) -> None:
+    run_role("memory_service", run, lambda: MemoryService(memory_service, run))

@@ -1,12 +1,11 @@
-"""The commands (pyproject [project.scripts]): each loads and validates the configuration before
-it imports its role (torch, vLLM), so `--help` and a bad value answer in about a second.
+"""The commands (pyproject [project.scripts], and `python -m pipeline <command>`): each loads and
+validates the configuration before it imports its role (torch, vLLM), so `--help` and a bad value
+answer in about a second, then calls the role's main with what the role table (pipeline/roles.py)
+says it is given.
 
-    empo2-<role> --help          the role's docstring (sockets, Run line) and the config it reads
+    empo2-<role> --help          the role's docstring (sockets, Run line) and the config it is given
     empo2-<role> key=value ...   a refused value: one line naming the key and the choices, exit 2
     empo2-config [key=value ...] the resolved configuration (profile and overrides applied), YAML
-
-`python -m <role module>` (how the launcher starts its children, and torchrun the learner) goes
-through the same role_config in the module's main.
 """
 
 from __future__ import annotations
@@ -16,44 +15,22 @@ import importlib
 import importlib.util
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import ConfigError, PipelineConfig, load_config, to_yaml
+from common.config import RunFacts
+from pipeline.config import ConfigError, PipelineConfig, load_config, run_facts, to_yaml
+from pipeline.roles import LEARNER_TOKEN_ENV, ROLES, Role, process_index
 
-_SHARED = ("run_dir", "seed", "model", "endpoints", "metrics")
-
-
-@dataclass(frozen=True)
-class Command:
-    module: str  # runs it (`main(argv, cfg)`); its docstring is the command's help
-    sections: tuple[str, ...]  # the configuration it reads, shown by --help
-
-
-COMMANDS = {
-    "empo2-run": Command("deploy.launch", ("launch", *_SHARED)),
-    "empo2-policy-server": Command("actors.policy_server.server", ("policy_server", "weight_sync", *_SHARED)),
-    "empo2-env-actor": Command("actors.env_actor.process", ("env_actor", "env", "startup_timeout_s", *_SHARED)),
-    "empo2-memory-service": Command("memory_service.service", ("memory_service", *_SHARED)),
-    "empo2-replay-buffer": Command("replay_buffer.service", ("replay_buffer", "env", "pipeline", *_SHARED)),
-    "empo2-learner": Command("learner.train", ("learner", "weight_sync", "startup_timeout_s", *_SHARED)),
-    "empo2-memory-tta": Command("evaluation.tta", ("tta", "env", "startup_timeout_s", *_SHARED)),
-    "empo2-eval": Command("evaluation.eval", ("eval", "env", "startup_timeout_s", *_SHARED)),
+# what every role is given beside its own sections (RunFacts), shown by its --help
+_SHARED = ("run_dir", "seed", "startup_timeout_s", "model", "endpoints", "metrics", "security")
+# a driver's own section, shown by its --help (it is given the whole configuration)
+_DRIVER_SECTIONS = {
+    "empo2-run": ("launch",),
+    "empo2-eval": ("eval", "env"),
+    "empo2-memory-tta": ("tta", "env"),
+    "empo2-evaluator": ("eval",),
 }
 _HELP_FLAGS = ("-h", "--help")
-# With security.learner_token empty, empo2-run makes a random one per run and hands it to the replay
-# buffer and the learner it starts in this variable (not on the command line, which `ps` shows
-# every local user), so only its learner takes batches even without CURVE (deploy/launch.py).
-LEARNER_TOKEN_ENV = "EMPO2_LEARNER_TOKEN"
-# security.curve: the client key (protocol/security.py, CLIENT_NAMES) each command's sockets use;
-# a command not listed only serves (policy server, replay buffer) or opens no socket (launcher).
-CURVE_CLIENTS = {
-    "empo2-learner": "learner",
-    "empo2-env-actor": "env_actor",
-    "empo2-memory-service": "memory_service",
-    "empo2-memory-tta": "evaluation",
-    "empo2-eval": "evaluation",  # and the periodic evaluator (evaluation/periodic.py), which runs as it
-}
 
 
 def role_config(command: str, argv: list[str] | None = None) -> PipelineConfig:
@@ -80,7 +57,7 @@ def use_security(command: str, cfg: PipelineConfig) -> None:
     stop the command here, with the empo2-keys command to run (exit 2)."""
     from protocol.security import Curve, use_curve
 
-    curve = Curve(Path(cfg.security.keys_dir), CURVE_CLIENTS.get(command)) if cfg.security.curve else None
+    curve = Curve(Path(cfg.security.keys_dir), ROLES[command].curve_client) if cfg.security.curve else None
     try:
         use_curve(curve)
     except RuntimeError as exc:
@@ -88,17 +65,29 @@ def use_security(command: str, cfg: PipelineConfig) -> None:
         sys.exit(2)
 
 
+def help_sections(command: str) -> tuple[str, ...]:
+    """The sections `command --help` shows: what a role is given; a driver's own."""
+    role = ROLES[command]
+    return _DRIVER_SECTIONS.get(command, ()) if role.driver else role.sections
+
+
 def help_text(command: str, overrides: list[str]) -> str:
-    spec = COMMANDS[command]
-    doc = module_docstring(spec.module) or ""
+    role = ROLES[command]
+    doc = module_docstring(role.module) or ""
+    shown = help_sections(command)
+    given = (
+        "It drives roles and reads the whole configuration (`empo2-config` prints it); its own sections"
+        if role.driver
+        else f"It is given these sections and the run's facts ({', '.join(_SHARED)}; common.config.RunFacts)"
+    )
     try:
-        values = to_yaml(load_config(overrides), spec.sections).rstrip()
+        values = to_yaml(load_config(overrides), (*shown, *_SHARED)).rstrip()
     except ConfigError as exc:
         values = f"(not shown: {exc})"
     return (
         f"{command}: {doc.strip()}\n\n"
-        "Configuration it reads, with the values a run would use (dataclass defaults, preset, profile and\n"
-        "these overrides); override any key as key=value, e.g. profile=paper. `empo2-config` prints all.\n\n"
+        f"{given}, with the values a run would use (dataclass defaults, preset, profile and these\n"
+        "overrides); override any key as key=value, e.g. profile=paper.\n\n"
         f"{values}"
     )
 
@@ -109,45 +98,62 @@ def module_docstring(module: str) -> str | None:
     return ast.get_docstring(ast.parse(Path(origin).read_text()))
 
 
-def _run(command: str) -> None:
-    argv = sys.argv[1:]
+def run(command: str, argv: list[str] | None = None) -> int | None:
+    """Load the configuration for `command` and run its module: a role's main with its sections and
+    the run's facts, a driver's with the whole configuration."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    role = ROLES[command]
+    if command == "empo2-run" and argv[:1] == ["--attach"]:  # scale a running pipeline: no run config
+        from deploy.launch import attach_main
+
+        return attach_main(argv[1:])
     cfg = role_config(command, argv)
-    module = importlib.import_module(COMMANDS[command].module)
-    sys.exit(module.main(argv, cfg))
+    module = importlib.import_module(role.module)
+    if role.driver:
+        return module.main(argv, cfg)
+    return module.main(**given(command, cfg))
 
 
-def launch() -> None:
-    if sys.argv[1:2] == ["--attach"]:  # scale a running pipeline: the launcher's main reads the arguments
-        sys.exit(importlib.import_module(COMMANDS["empo2-run"].module).main(sys.argv[1:]))
-    _run("empo2-run")
+def given(command: str, cfg: PipelineConfig) -> dict:
+    """What a role's main (and its process object) is given: its sections by name, and `run`."""
+    role = ROLES[command]
+    return {**{name: getattr(cfg, name) for name in role.sections}, "run": role_facts(role, cfg)}
 
 
-def policy_server() -> None:
-    _run("empo2-policy-server")
+def role_facts(role: Role, cfg: PipelineConfig) -> RunFacts:
+    """The run's facts for one process of `role`, with its metrics port; a process past its kind's
+    port range stops here (exit 2)."""
+    try:
+        port = cfg.metrics.port(role.metrics, process_index(role, cfg)) if role.metrics else 0
+    except ConfigError as exc:
+        print(f"{role.command}: bad configuration: {exc}", file=sys.stderr)
+        sys.exit(2)
+    return run_facts(cfg, port)
 
 
-def env_actor() -> None:
-    _run("empo2-env-actor")
+def main(argv: list[str] | None = None) -> None:
+    """`python -m pipeline <command> [key=value ...]`: how the launcher starts its children and
+    torchrun the learner's ranks, the same as the command's console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ROLES:
+        print(f"usage: python -m pipeline COMMAND [key=value ...]; COMMAND one of {', '.join(ROLES)}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(run(argv[0], argv[1:]))
 
 
-def memory_service() -> None:
-    _run("empo2-memory-service")
+def _entry(command: str):
+    """A console script (pyproject [project.scripts]) that runs `command`."""
+    return lambda: sys.exit(run(command))
 
 
-def replay_buffer() -> None:
-    _run("empo2-replay-buffer")
-
-
-def learner() -> None:
-    _run("empo2-learner")
-
-
-def memory_tta() -> None:
-    _run("empo2-memory-tta")
-
-
-def evaluate() -> None:
-    _run("empo2-eval")
+launch = _entry("empo2-run")
+policy_server = _entry("empo2-policy-server")
+env_actor = _entry("empo2-env-actor")
+memory_service = _entry("empo2-memory-service")
+replay_buffer = _entry("empo2-replay-buffer")
+learner = _entry("empo2-learner")
+memory_tta = _entry("empo2-memory-tta")
+evaluate = _entry("empo2-eval")
 
 
 def show_config(argv: list[str] | None = None) -> int:

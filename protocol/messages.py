@@ -9,6 +9,7 @@ protocol/README.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +29,11 @@ SUCCESS_SCORE = 70.0
 # Trajectory.generated_texts: the env actor keeps at most this many characters of a turn's generation
 # (an action is capped at env_actor.max_action_tokens tokens, a few hundred characters at most).
 MAX_GENERATED_TEXT_CHARS = 2048
+# Trajectory's environment facts, ScienceWorld's own texts cut by the env actor to at most: a room name
+# (a word or two), an inventory (info["inv"], a few lines), the goal progress (a table of subgoals, ~1 kB).
+MAX_LOCATION_CHARS = 128
+MAX_INVENTORY_CHARS = 1024
+MAX_GOAL_PROGRESS_CHARS = 4096
 
 
 # The env actor's timed phases of an episode (Trajectory.phase_seconds)
@@ -391,6 +397,26 @@ class AssignmentReturn(Message):
     actor_id: str
 
 
+@dataclass
+class TurnRecord:
+    """One turn as it was played, before Trajectory.from_turns packs the turns into its offset arrays
+    (the one place that does: the env actor, the benchmarks and the tests build trajectories so)."""
+
+    prompt_ids: np.ndarray  # the exact tokens the policy server saw
+    response_ids: np.ndarray
+    logprobs: np.ndarray  # the behaviour policy's, one per response token
+    observation: str = ""
+    action: str = ""
+    policy_version: int = 0
+    tip_spans: Sequence[tuple[int, int]] = ()  # (start, end) in this turn's prompt
+    num_memories: int = 0
+    memory_retrieved: bool | None = None  # None: derived from the mode (Trajectory.memory_retrieved)
+    generated_text: str | None = None  # None: the action
+    chain_start: bool = True  # the prompt does not extend the previous turn's prompt and response
+    location: str = ""  # the room after the action (Trajectory.locations)
+    inventory: str = ""  # the inventory after the action (Trajectory.inventories)
+
+
 @register
 @dataclass
 class Trajectory(Message):
@@ -443,6 +469,18 @@ class Trajectory(Message):
     # after that response: the learner scores such turns in one sequence (learner.packing). Always 1 at turn
     # 0; 1 again where the actor trimmed the history. Derived: 1 on every turn (each its own sequence).
     chain_starts: np.ndarray | None = None
+    # The environment's facts, for what reads the env's state besides the texts (the learner's exploration
+    # metrics, learner/exploration.py; SPA's state before and after each action; HeRL's goal progress).
+    # Per turn, after its action: the room the agent is in (ScienceWorld's "This room is called the X.", at
+    # most MAX_LOCATION_CHARS) and its inventory (info["inv"], at most MAX_INVENTORY_CHARS). The state
+    # before turn i is turn i-1's; before turn 0, the room of observations[0] and start_inventory.
+    # Derived: "" per turn (not recorded).
+    locations: list[str] | None = None
+    inventories: list[str] | None = None
+    start_inventory: str = ""  # the inventory at reset (some tasks start with one), at most MAX_INVENTORY_CHARS
+    # At the episode's end: ScienceWorld's goal progress (env.get_goal_progress(): its subgoals, each done
+    # or not), at most MAX_GOAL_PROGRESS_CHARS. "": not recorded.
+    goal_progress: str = ""
 
     def __post_init__(self) -> None:
         if self.phase_seconds is None:
@@ -455,10 +493,49 @@ class Trajectory(Message):
             self.generated_texts = list(self.actions)
         if self.success is None:
             self.success = is_success(self.done, self.score)
+        if self.locations is None:
+            self.locations = [""] * self.num_turns
+        if self.inventories is None:
+            self.inventories = [""] * self.num_turns
 
     @property
     def num_turns(self) -> int:
         return len(self.policy_versions)
+
+    @classmethod
+    def from_turns(cls, turns: Sequence[TurnRecord], **episode) -> Trajectory:
+        """A trajectory of `turns`, with the episode's own fields (episode_id, group_id, slot,
+        actor_id, task, variation, mode, score, done; optionally success, phase_seconds,
+        start_inventory, goal_progress)."""
+
+        def packed(arrays, dtype) -> tuple[np.ndarray, np.ndarray]:
+            offsets = np.concatenate([[0], np.cumsum([len(x) for x in arrays])]).astype(np.int64)
+            return np.concatenate([np.asarray(x, dtype) for x in arrays]).astype(dtype), offsets
+
+        prompts, prompt_offsets = packed([t.prompt_ids for t in turns], np.int32)
+        responses, response_offsets = packed([t.response_ids for t in turns], np.int32)
+        return cls(
+            **episode,
+            prompt_token_ids=prompts,
+            prompt_offsets=prompt_offsets,
+            response_token_ids=responses,
+            response_offsets=response_offsets,
+            behaviour_logprobs=packed([t.logprobs for t in turns], np.float32)[0],
+            tip_spans=np.asarray([(i, s, e) for i, t in enumerate(turns) for s, e in t.tip_spans], np.int32).reshape(
+                -1, 3
+            ),
+            policy_versions=np.asarray([t.policy_version for t in turns], np.int32),
+            num_memories=np.asarray([t.num_memories for t in turns], np.int32),
+            observations=[t.observation for t in turns],
+            actions=[t.action for t in turns],
+            memory_retrieved=None
+            if any(t.memory_retrieved is None for t in turns)
+            else np.asarray([t.memory_retrieved for t in turns], np.uint8),
+            generated_texts=[t.action if t.generated_text is None else t.generated_text for t in turns],
+            chain_starts=np.asarray([t.chain_start for t in turns], np.uint8),
+            locations=[t.location for t in turns],
+            inventories=[t.inventory for t in turns],
+        )
 
     def validate(self) -> None:
         """Everything the learner's sample building assumes (learner/samples.py): a message that
@@ -501,6 +578,13 @@ class Trajectory(Message):
             f"a generated text is longer than {MAX_GENERATED_TEXT_CHARS} characters",
         )
         _check(self.success == is_success(self.done, self.score), "success must be done and score > SUCCESS_SCORE")
+        _check(len(self.locations) == n and len(self.inventories) == n, "locations and inventories: one per turn")
+        for name, texts, limit in (
+            ("a location", self.locations, MAX_LOCATION_CHARS),
+            ("an inventory", [*self.inventories, self.start_inventory], MAX_INVENTORY_CHARS),
+            ("the goal progress", [self.goal_progress], MAX_GOAL_PROGRESS_CHARS),
+        ):
+            _check(all(len(text) <= limit for text in texts), f"{name} is longer than {limit} characters")
         _check(
             all(k in ROLLOUT_PHASES and 0 <= v < float("inf") for k, v in self.phase_seconds.items()),
             f"phase_seconds keys must be of {ROLLOUT_PHASES}, their seconds finite and >= 0",

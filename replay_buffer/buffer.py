@@ -231,7 +231,8 @@ def trajectory_bytes(traj: Trajectory) -> int:
     """A trajectory's size in memory, near enough: its arrays and its texts."""
     arrays = (traj.prompt_token_ids, traj.prompt_offsets, traj.response_token_ids, traj.response_offsets)
     arrays += (traj.behaviour_logprobs, traj.tip_spans, traj.policy_versions, traj.num_memories)
-    texts = chain(traj.observations, traj.actions, traj.generated_texts)
+    texts = chain(traj.observations, traj.actions, traj.generated_texts, traj.locations, traj.inventories)
+    texts = chain(texts, (traj.start_inventory, traj.goal_progress))
     return sum(a.nbytes for a in arrays) + sum(len(t) for t in texts)
 
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.choices import Choice
+from common.config import at_least, check, positive, scienceworld_tasks, within
+from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES
+from protocol.messages import BATCH_ENVELOPE_BYTES
 
 
 class Durability(Choice):
@@ -37,3 +40,22 @@ class ReplayBufferConfig:
     # Encoded trajectories larger than this are refused at the door (ErrorReply too_large): every accepted
     # one must fit a Batch the learner accepts (protocol DEFAULT_MAX_MESSAGE_BYTES, less the batch's envelope).
     max_trajectory_bytes: int = 32 * 1024 * 1024
+
+    def validate(self) -> None:
+        check(bool(self.tasks), "tasks", "needs at least one ScienceWorld task")
+        scienceworld_tasks("tasks", self.tasks)
+        within("p_memory", self.p_memory, 0.0, 1.0)
+        within("q_off_policy", self.q_off_policy, 0.0, 1.0)
+        at_least("variations_per_task", self.variations_per_task, 1)
+        check(self.group_size >= 2, "group_size", f"GRPO normalises within a group: >= 2, got {self.group_size}")
+        at_least("max_open_groups", self.max_open_groups, 1)
+        at_least("batch_poll_s", self.batch_poll_s, 0)
+        positive("assignment_timeout_s", self.assignment_timeout_s)
+        positive("batch_confirm_timeout_s", self.batch_confirm_timeout_s)
+        positive("group_commit_ms", self.group_commit_ms)
+        largest = DEFAULT_MAX_MESSAGE_BYTES - BATCH_ENVELOPE_BYTES
+        check(
+            0 < self.max_trajectory_bytes <= largest,
+            "max_trajectory_bytes",
+            f"must be in (0, {largest}] (a Batch the learner accepts, less its envelope), got {self.max_trajectory_bytes}",
+        )

@@ -24,13 +24,13 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+from dataclasses import replace
 
+from common.config import EnvConfig, RunFacts
 from common.metrics import ReplayBufferMetrics
 from common.model_prep import model_vocab_size
 from common.process import run_role
 from common.server import AfterCommit, serve_requests
-from pipeline.cli import role_config
-from pipeline.config import PipelineConfig, door_limits
 from protocol import ProtocolError, encode
 from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES
 from protocol.messages import (
@@ -48,7 +48,7 @@ from protocol.messages import (
     Wait,
 )
 from replay_buffer.buffer import BatchInFlight, BufferLog, ReplayBuffer
-from replay_buffer.config import Durability
+from replay_buffer.config import Durability, ReplayBufferConfig
 
 log = logging.getLogger("replay_buffer")
 
@@ -57,15 +57,20 @@ ASSIGNMENT_RETRY_S = 1.0
 
 
 class BufferProcess:
-    def __init__(self, cfg: PipelineConfig, variations: dict[str, list[int]], vocab_size: int = 0):
-        self.cfg = cfg  # validated at load: e.g. max_ready_groups >= learner.groups_per_step
-        self.limits = door_limits(cfg, vocab_size)  # every message is checked against these (common/server.py)
-        sync_groups = cfg.learner.groups_per_step if cfg.pipeline.mode == "sync" else 0  # pipeline.mode
-        self.buffer = ReplayBuffer(cfg.replay_buffer, variations, cfg.seed, sync_groups)
+    def __init__(
+        self, replay_buffer: ReplayBufferConfig, run: RunFacts, variations: dict[str, list[int]], vocab_size: int = 0
+    ):
+        # validated at load: e.g. max_ready_groups >= learner.groups_per_step
+        self.bcfg, self.run_facts = replay_buffer, run
+        self.limits = replace(
+            run.door, vocab_size=vocab_size
+        )  # every message is checked against these (common/server.py)
+        sync_groups = run.groups_per_step if run.sync else 0  # pipeline.mode=sync: one batch per policy version
+        self.buffer = ReplayBuffer(replay_buffer, variations, run.seed, sync_groups)
         self.metrics = ReplayBufferMetrics()
-        log_path = cfg.run_path(cfg.replay_buffer.log_file)
+        log_path = run.run_path(replay_buffer.log_file)
         self.report_replay(log_path, BufferLog.replay(log_path, self.buffer))
-        self.log = BufferLog(log_path, cfg.replay_buffer.durability)
+        self.log = BufferLog(log_path, replay_buffer.durability)
         self.learner_version = 0
         # The newest policy version known to exist: the learner's last BatchRequest, or at start the
         # newest version in the log. A trajectory's versions may be at most one ahead of it (the
@@ -109,18 +114,18 @@ class BufferProcess:
     def run(self) -> None:
         log.info(
             "replay buffer on %s; targets %s; log durability %s",
-            self.cfg.endpoints.replay_buffer,
+            self.run_facts.endpoints.replay_buffer,
             self.buffer.targets,
-            self.cfg.replay_buffer.durability,
+            self.bcfg.durability,
         )
         try:
             serve_requests(
-                self.cfg.endpoints.replay_buffer,
+                self.run_facts.endpoints.replay_buffer,
                 self.handlers,
                 self.metrics,
                 self.limits,
                 commit=self.commit,
-                commit_interval_s=self.cfg.replay_buffer.group_commit_ms / 1000,
+                commit_interval_s=self.bcfg.group_commit_ms / 1000,
             )
         finally:
             self.log.close()
@@ -134,7 +139,7 @@ class BufferProcess:
     def durable(self, reply):
         """`reply` as it may go out under replay_buffer.durability: at once (flush; fsync has
         synced in the append), or after the next group commit."""
-        if self.cfg.replay_buffer.durability == Durability.group and self.log.unsynced:
+        if self.bcfg.durability == Durability.group and self.log.unsynced:
             return AfterCommit(reply)
         return reply
 
@@ -142,7 +147,7 @@ class BufferProcess:
         return Pong(role="replay_buffer", policy_version=self.learner_version, ready=True)
 
     def assign(self, msg: AssignmentRequest) -> Assignment | Wait:
-        if self.buffer.held_bytes() >= self.cfg.security.max_held_trajectory_bytes:
+        if self.buffer.held_bytes() >= self.run_facts.security.max_held_trajectory_bytes:
             return Wait(retry_after_s=ASSIGNMENT_RETRY_S, reason="the buffer holds its byte limit of trajectories")
         assignment, reissued = self.buffer.assign(time.time())
         if assignment is None:
@@ -167,7 +172,7 @@ class BufferProcess:
             return Ack(ref=msg.episode_id, detail="already stored", duplicate=True)
         frames = encode(msg)
         nbytes = sum(len(memoryview(f)) for f in frames)
-        limit = self.cfg.replay_buffer.max_trajectory_bytes
+        limit = self.bcfg.max_trajectory_bytes
         if nbytes > limit:
             self.metrics.rejected.labels("too_large").inc()
             return ErrorReply(
@@ -191,10 +196,10 @@ class BufferProcess:
         """Only the learner takes batches (issue 14): its token (security.learner_token, when set; CURVE
         limits who may connect at all), and a version it can have: at most learner.total_steps, and
         once the learner has asked, at most one above its previous request (one step per batch)."""
-        token = self.cfg.security.learner_token
+        token = self.run_facts.security.learner_token
         if token and not hmac.compare_digest(req.token.encode(), token.encode()):
             raise ProtocolError("not_learner", "batch requests need the learner's token (security.learner_token)")
-        limit = self.cfg.learner.total_steps
+        limit = self.run_facts.total_steps
         if self.learner_seen:
             limit = min(limit, self.learner_version + 1)
         if req.learner_version > limit:
@@ -232,7 +237,7 @@ class BufferProcess:
         self.metrics.groups_ready.set(len(self.buffer.ready))
         if batch is None:
             return self.durable(
-                Wait(retry_after_s=self.cfg.replay_buffer.batch_poll_s, reason=f"{len(self.buffer.ready)} groups ready")
+                Wait(retry_after_s=self.bcfg.batch_poll_s, reason=f"{len(self.buffer.ready)} groups ready")
             )
         self.metrics.groups_served.inc(len(batch.groups))
         for t in (t for part in batch.parts for t in part):
@@ -276,17 +281,15 @@ def train_variations(tasks: list[str], simplification: str) -> dict[str, list[in
         env.close()
 
 
-def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> None:
+def main(replay_buffer: ReplayBufferConfig, env: EnvConfig, run: RunFacts) -> None:
+    model = run.model
     run_role(
-        cfg or role_config("empo2-replay-buffer", argv),
         "replay_buffer",
-        lambda cfg: BufferProcess(
-            cfg,
-            train_variations(cfg.replay_buffer.tasks, cfg.env.simplification),
-            model_vocab_size(cfg.model.name, cfg.model.cache_dir or None),
+        run,
+        lambda: BufferProcess(
+            replay_buffer,
+            run,
+            train_variations(replay_buffer.tasks, env.simplification),
+            model_vocab_size(model.name, model.cache_dir or None),
         ),
     )
-
-
-if __name__ == "__main__":
-    main()

@@ -1,16 +1,22 @@
-"""Hand-made inputs shared by the learner's tests: trajectories built turn by turn, and a tiny
-Llama (a few thousand weights) that steps in milliseconds on CPU. One builder each, so a new
+"""Hand-made inputs shared by the tests: trajectories built turn by turn, a tiny Llama (a few
+thousand weights) that steps in milliseconds on CPU, a trajectory with every field set for the
+codec, and the replay buffer's small configurations and trajectories. One builder each, so a new
 Trajectory field or check is followed in one place."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory
+from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Assignment, Trajectory, TurnRecord
+from replay_buffer.buffer import ReplayBuffer
+from replay_buffer.config import ReplayBufferConfig
+
+if TYPE_CHECKING:
+    from transformers import LlamaForCausalLM
 
 
 @dataclass
@@ -45,13 +51,27 @@ def trajectory(
 ) -> Trajectory:
     """A validated Trajectory of these turns; unnamed per-turn fields get neutral values."""
     n = len(turns)
-    prompts = [np.asarray(t.prompt, dtype=np.int32) for t in turns]
-    responses = [np.asarray(t.response, dtype=np.int32) for t in turns]
-    logprobs = [
-        np.zeros(len(r), np.float32) if t.logprobs is None else np.asarray(t.logprobs, dtype=np.float32)
-        for t, r in zip(turns, responses)
+    versions = versions if versions is not None else [0] * n
+    num_memories = num_memories if num_memories is not None else [0] * n
+    observations = observations if observations is not None else [f"obs {i}" for i in range(n)]
+    actions = actions if actions is not None else ["look around"] * n
+    records = [
+        TurnRecord(
+            prompt_ids=np.asarray(t.prompt, dtype=np.int32),
+            response_ids=np.asarray(t.response, dtype=np.int32),
+            logprobs=np.zeros(len(t.response), np.float32)
+            if t.logprobs is None
+            else np.asarray(t.logprobs, np.float32),
+            observation=observations[i],
+            action=actions[i],
+            policy_version=versions[i],
+            tip_spans=t.tip_spans,
+            num_memories=num_memories[i],
+        )
+        for i, t in enumerate(turns)
     ]
-    traj = Trajectory(
+    traj = Trajectory.from_turns(
+        records,
         episode_id=episode_id if episode_id is not None else f"{group_id}-{slot}",
         group_id=group_id,
         slot=slot,
@@ -61,16 +81,6 @@ def trajectory(
         mode=mode,
         score=score,
         done=True,
-        prompt_token_ids=np.concatenate(prompts),
-        prompt_offsets=np.cumsum([0] + [len(p) for p in prompts]).astype(np.int64),
-        response_token_ids=np.concatenate(responses),
-        response_offsets=np.cumsum([0] + [len(r) for r in responses]).astype(np.int64),
-        behaviour_logprobs=np.concatenate(logprobs),
-        tip_spans=np.asarray([(i, s, e) for i, t in enumerate(turns) for s, e in t.tip_spans], np.int32).reshape(-1, 3),
-        policy_versions=np.asarray(versions if versions is not None else [0] * n, dtype=np.int32),
-        num_memories=np.asarray(num_memories if num_memories is not None else [0] * n, dtype=np.int32),
-        observations=list(observations) if observations is not None else [f"obs {i}" for i in range(n)],
-        actions=list(actions) if actions is not None else ["look around"] * n,
     )
     traj.validate()
     return traj
@@ -80,6 +90,7 @@ def tiny_llama(vocab: int, seed: int = 0, heads: int = 4, kv_heads: int = 2, **c
     """A 2-layer Llama of width 32; `config` overrides LlamaConfig fields (e.g. initializer_range
     for sharper log-probs, tie_word_embeddings as the embedded SmolLM2 has)."""
     import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     base = dict(
@@ -155,3 +166,119 @@ def group_episode(step: int, slot: int, turns: list[Turn]) -> Trajectory:
         observations=["a room", f"room {slot}"],
         actions=["look", "go"],
     )
+
+
+# ------------------------------------------------------------------------------------ codec
+
+
+def make_trajectory(
+    episode_id: str = "ep-1",
+    group_id: str = "group-1",
+    slot: int = 0,
+    mode: str = ON_POLICY,
+    prompt_lens: tuple[int, ...] = (5, 3),
+    response_lens: tuple[int, ...] = (2, 4),
+    tip_spans: np.ndarray | None = None,
+    versions: tuple[int, ...] | None = None,
+    score: float = 37.5,
+) -> Trajectory:
+    n = len(prompt_lens)
+    p_total, r_total = sum(prompt_lens), sum(response_lens)
+    return Trajectory(
+        episode_id=episode_id,
+        group_id=group_id,
+        slot=slot,
+        actor_id="actor-3",
+        task="find-living-thing",
+        variation=7,
+        mode=mode,
+        score=score,
+        done=True,
+        prompt_token_ids=np.arange(100, 100 + p_total, dtype=np.int32),
+        prompt_offsets=np.concatenate([[0], np.cumsum(prompt_lens)]).astype(np.int64),
+        response_token_ids=np.arange(500, 500 + r_total, dtype=np.int32),
+        response_offsets=np.concatenate([[0], np.cumsum(response_lens)]).astype(np.int64),
+        behaviour_logprobs=-np.linspace(0.1, 2.0, r_total, dtype=np.float32),
+        tip_spans=np.zeros((0, 3), np.int32) if tip_spans is None else tip_spans,
+        policy_versions=np.array(versions if versions is not None else [4] * n, np.int32),
+        num_memories=np.arange(n, dtype=np.int32),
+        observations=[f"obs {i} \u00e9" for i in range(n)],
+        actions=[f"look at {i}" for i in range(n)],
+        memory_retrieved=np.array([i % 2 for i in range(n)], np.uint8),
+        generated_texts=[f"Look at {i}.\n" for i in range(n)],
+        success=score > 70,  # done
+    )
+
+
+# ------------------------------------------------------------------------------------ replay buffer
+
+
+VARIATIONS = {"boil": [4, 9, 13], "melt": [1, 2], "unused": [0]}
+
+
+def make_cfg(**overrides) -> ReplayBufferConfig:
+    values = dict(
+        tasks=["boil", "melt"],
+        variations_per_task=2,
+        group_size=3,
+        p_memory=0.5,
+        q_off_policy=0.5,
+        max_open_groups=2,
+        assignment_timeout_s=10.0,
+    )
+    values.update(overrides)
+    return ReplayBufferConfig(**values)
+
+
+def make_buffer(seed: int = 0, **overrides) -> ReplayBuffer:
+    return ReplayBuffer(make_cfg(**overrides), VARIATIONS, seed=seed)
+
+
+def make_traj(
+    group_id: str,
+    slot: int,
+    *,
+    episode_id: str | None = None,
+    task: str = "boil",
+    variation: int = 4,
+    mode: str = ON_POLICY,
+    versions: tuple[int, ...] = (5, 5),
+    prompt_len: int = 3,
+) -> Trajectory:
+    """A valid trajectory (passes Trajectory.validate) with one `prompt_len`-token prompt and
+    2-token response per turn."""
+    n = len(versions)
+    traj = Trajectory(
+        episode_id=episode_id or f"{group_id}-{slot}",
+        group_id=group_id,
+        slot=slot,
+        actor_id="actor-0",
+        task=task,
+        variation=variation,
+        mode=mode,
+        score=float(10 * slot % 100),
+        done=True,
+        prompt_token_ids=(np.arange(prompt_len * n) % 1000).astype(np.int32),
+        prompt_offsets=np.arange(0, prompt_len * n + 1, prompt_len, dtype=np.int64),
+        response_token_ids=np.arange(2 * n, dtype=np.int32),
+        response_offsets=np.arange(0, 2 * n + 1, 2, dtype=np.int64),
+        behaviour_logprobs=np.full(2 * n, -0.5, np.float32),
+        tip_spans=np.zeros((0, 3), np.int32),
+        policy_versions=np.array(versions, np.int32),
+        num_memories=np.zeros(n, np.int32),
+        observations=[f"obs {i}" for i in range(n)],
+        actions=[f"act {i}" for i in range(n)],
+    )
+    traj.validate()
+    return traj
+
+
+def traj_for(a: Assignment, **kw) -> Trajectory:
+    return make_traj(a.group_id, a.slot, task=a.task, variation=a.variation, mode=a.mode, **kw)
+
+
+def open_group(buffer: ReplayBuffer, now: float = 0.0) -> list[Assignment]:
+    """Hand out every slot of one new group."""
+    assignments = [buffer.assign(now)[0] for _ in range(buffer.cfg.group_size)]
+    assert len({a.group_id for a in assignments}) == 1
+    return assignments

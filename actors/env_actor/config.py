@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from common.choices import Choice
+from common.config import at_least, positive
+from protocol.messages import GenerateRequest
 
 
 class ServerSelection(Choice):
@@ -46,3 +50,32 @@ class EnvActorConfig:
         """Tokens an action prompt may take: prompt_token_budget, or what the policy server's
         context (policy_server.max_model_len) leaves after the action."""
         return self.prompt_token_budget or max_model_len - self.max_action_tokens
+
+    def action_request(
+        self, request_id: str, prompt_ids: np.ndarray, seed: int, temperature: float | None = None
+    ) -> GenerateRequest:
+        """The request for one action, as every env actor sends it (and the benchmarks measure it):
+        the action's token cap, the newline stop when stop_at_newline, `temperature` or this
+        section's."""
+        return GenerateRequest(
+            request_id=request_id,
+            prompt_token_ids=prompt_ids,
+            max_tokens=self.max_action_tokens,
+            temperature=self.temperature if temperature is None else temperature,
+            seed=seed,
+            stop=["\n"] if self.stop_at_newline else [],
+        )
+
+    def validate(self) -> None:
+        at_least("index", self.index, 0)
+        at_least("envs_per_actor", self.envs_per_actor, 1)
+        at_least("history_window", self.history_window, 0)
+        at_least("prompt_token_budget", self.prompt_token_budget, 0)
+        at_least("demo_max_steps", self.demo_max_steps, 0)
+        at_least("max_action_tokens", self.max_action_tokens, 1)
+        at_least("temperature", self.temperature, 0)
+        at_least("upload_retries", self.upload_retries, 1)
+        for name in ("generate_timeout_s", "memory_timeout_s", "buffer_timeout_s"):
+            positive(name, getattr(self, name))
+        at_least("memory_retry_after_s", self.memory_retry_after_s, 0)
+        at_least("policy_retry_after_s", self.policy_retry_after_s, 0)

@@ -11,16 +11,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from actors.env_actor.config import EnvActorConfig
 from actors.env_actor.prompts import Demonstration, PromptBuilder, TaskContext, executed_note
+from common.config import EnvConfig, RunFacts
 from common.model_prep import resolve_model
 from common.scienceworld import ScienceWorld, most_similar_action
-from pipeline.config import PipelineConfig
 from protocol.messages import (
     MAX_GENERATED_TEXT_CHARS,
+    MAX_GOAL_PROGRESS_CHARS,
+    MAX_INVENTORY_CHARS,
+    MAX_LOCATION_CHARS,
     TIP_MODES,
     Assignment,
     GenerateResponse,
     Trajectory,
+    TurnRecord,
     is_success,
 )
 
@@ -43,6 +48,8 @@ class Turn:
     state: str
     action: str
     chain_start: bool  # the prompt does not extend the previous turn's prompt and response
+    location: str = ""  # after the action: the room the agent is in
+    inventory: str = ""  # after the action: the env's inventory text
 
 
 @dataclass
@@ -128,6 +135,7 @@ class EpisodeRunner:
         stats = EpisodeStats()
         demo, templates = self.prompt_parts(a.task, a.variation)
         result = self.env.reset(a.task, a.variation)
+        start_inventory = result.inventory
         chat = self.prompts.chat(TaskContext(self.env.task_description, demo, templates))
         turns: list[Turn] = []
         note = ""  # the user turn's word on the action executed at the turn before, when it was mapped
@@ -157,23 +165,48 @@ class EpisodeRunner:
                 )
             )
             result = self.env.step(action)
+            turns[-1].location, turns[-1].inventory = result.location, result.inventory
             stats.timed("env_step", tick)
             stats.step_seconds.append(time.perf_counter() - t0)
             if result.done:
                 break
-        return self._trajectory(a, actor_id, turns, result.score, result.done, stats.phase_seconds), stats
+        goal_progress = self.env.goal_progress()  # at the episode's end
+        trajectory = self._trajectory(
+            a, actor_id, turns, result.score, result.done, stats.phase_seconds, start_inventory, goal_progress
+        )
+        return trajectory, stats
 
     @staticmethod
     def _trajectory(
-        a: Assignment, actor_id: str, turns: list[Turn], score: float, done: bool, phase_seconds: dict[str, float]
+        a: Assignment,
+        actor_id: str,
+        turns: list[Turn],
+        score: float,
+        done: bool,
+        phase_seconds: dict[str, float],
+        start_inventory: str,
+        goal_progress: str,
     ) -> Trajectory:
-        def offsets(arrays):
-            return np.concatenate([[0], np.cumsum([len(x) for x in arrays])]).astype(np.int64)
-
-        prompts = [t.prompt_ids for t in turns]
-        responses = [t.response.token_ids for t in turns]
-        spans = [(i, s, e) for i, t in enumerate(turns) for s, e in t.tip_spans]
-        return Trajectory(
+        records = [
+            TurnRecord(
+                prompt_ids=t.prompt_ids,
+                response_ids=t.response.token_ids,
+                logprobs=t.response.logprobs,
+                observation=t.state,
+                action=t.action,
+                policy_version=t.response.policy_version,
+                tip_spans=t.tip_spans,
+                num_memories=t.num_memories,
+                memory_retrieved=t.memory_retrieved,
+                generated_text=t.response.text[:MAX_GENERATED_TEXT_CHARS],
+                chain_start=t.chain_start,
+                location=t.location[:MAX_LOCATION_CHARS],
+                inventory=t.inventory[:MAX_INVENTORY_CHARS],
+            )
+            for t in turns
+        ]
+        return Trajectory.from_turns(
+            records,
             episode_id=uuid.uuid4().hex,
             group_id=a.group_id,
             slot=a.slot,
@@ -183,33 +216,19 @@ class EpisodeRunner:
             mode=a.mode,
             score=score,
             done=done,
-            prompt_token_ids=np.concatenate(prompts).astype(np.int32),
-            prompt_offsets=offsets(prompts),
-            response_token_ids=np.concatenate(responses).astype(np.int32),
-            response_offsets=offsets(responses),
-            behaviour_logprobs=np.concatenate([t.response.logprobs for t in turns]).astype(np.float32),
-            tip_spans=np.asarray(spans, dtype=np.int32).reshape(-1, 3),
-            policy_versions=np.asarray([t.response.policy_version for t in turns], dtype=np.int32),
-            num_memories=np.asarray([t.num_memories for t in turns], dtype=np.int32),
-            observations=[t.state for t in turns],
-            actions=[t.action for t in turns],
-            memory_retrieved=np.asarray([t.memory_retrieved for t in turns], dtype=np.uint8),
-            generated_texts=[t.response.text[:MAX_GENERATED_TEXT_CHARS] for t in turns],
             success=is_success(done, score),
             phase_seconds=dict(phase_seconds),
-            chain_starts=np.asarray([t.chain_start for t in turns], dtype=np.uint8),
+            start_inventory=start_inventory[:MAX_INVENTORY_CHARS],
+            goal_progress=goal_progress[:MAX_GOAL_PROGRESS_CHARS],
         )
 
 
-def open_episode_runner(cfg: PipelineConfig) -> EpisodeRunner:
+def open_episode_runner(env_actor: EnvActorConfig, env: EnvConfig, run: RunFacts) -> EpisodeRunner:
     """The env actor's episode logic over a fresh ScienceWorld; the caller closes runner.env (a JVM)."""
     from transformers import AutoTokenizer
 
-    ecfg = cfg.env
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model.name, cfg.model.cache_dir or None))
-    acfg = cfg.env_actor
-    env = ScienceWorld(ecfg.simplification, step_limit=ecfg.env_step_limit)
-    budget = acfg.prompt_budget(cfg.policy_server.max_model_len)
-    prompts = PromptBuilder(tokenizer, acfg.history_window, budget)
-    demo_steps = acfg.demo_max_steps if acfg.demonstration else None
-    return EpisodeRunner(env, prompts, ecfg.max_steps, ecfg.task_limits(), demo_steps)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(run.model.name, run.model.cache_dir or None))
+    world = ScienceWorld(env.simplification, step_limit=env.env_step_limit)
+    prompts = PromptBuilder(tokenizer, env_actor.history_window, env_actor.prompt_budget(run.max_model_len))
+    demo_steps = env_actor.demo_max_steps if env_actor.demonstration else None
+    return EpisodeRunner(world, prompts, env.max_steps, env.task_limits(), demo_steps)

@@ -23,12 +23,12 @@ from collections.abc import Callable, Sequence
 
 import zmq
 
+from actors.env_actor.config import EnvActorConfig
 from actors.env_actor.episode import Episode
 from actors.env_actor.worker import EnvWorker, ServerChooser
+from common.config import EnvConfig, RunFacts
 from common.metrics import EnvActorMetrics
 from common.process import run_role
-from pipeline.cli import role_config
-from pipeline.config import PipelineConfig
 from protocol.messages import (
     Assignment,
 )
@@ -47,12 +47,14 @@ class EnvActor:
     run() plays the replay buffer's assignments in one thread per env (the process's main);
     play_all() plays a given list of assignments on the pool, for an evaluation driver."""
 
-    def __init__(self, cfg: PipelineConfig):
+    def __init__(self, env_actor: EnvActorConfig, env: EnvConfig, run: RunFacts):
         self.metrics = EnvActorMetrics()
         chooser = ServerChooser(
-            len(cfg.endpoints.policy_servers), cfg.env_actor.server_selection, cfg.env_actor.policy_retry_after_s
+            len(run.endpoints.policy_servers), env_actor.server_selection, env_actor.policy_retry_after_s
         )
-        self.workers = [EnvWorker(cfg, self.metrics, slot, chooser) for slot in range(cfg.env_actor.envs_per_actor)]
+        self.workers = [
+            EnvWorker(env_actor, env, run, self.metrics, slot, chooser) for slot in range(env_actor.envs_per_actor)
+        ]
         self._threads: dict[int, threading.Thread] = {}  # slot -> the thread of run() playing on it
 
     def open(self) -> None:
@@ -146,10 +148,5 @@ class EnvActor:
         raise RuntimeError(f"an env thread stopped: {failures[0] if failures else 'unknown'}")
 
 
-def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> None:
-    cfg = cfg or role_config("empo2-env-actor", argv)
-    run_role(cfg, "env_actor", EnvActor, index=lambda cfg: cfg.env_actor.index)
-
-
-if __name__ == "__main__":
-    main()
+def main(env_actor: EnvActorConfig, env: EnvConfig, run: RunFacts) -> None:
+    run_role(f"env_actor{env_actor.index}", run, lambda: EnvActor(env_actor, env, run))

@@ -13,11 +13,12 @@ from collections.abc import Callable
 import numpy as np
 import zmq
 
+from actors.env_actor.config import EnvActorConfig
 from actors.env_actor.episode import Episode, EpisodeRunner, open_episode_runner
+from common.config import EnvConfig, RunFacts
 from common.logs import short_id
 from common.metrics import EnvActorMetrics
 from common.scienceworld import ScienceWorld
-from pipeline.config import PipelineConfig
 from protocol import Client, RemoteError, RequestTimeout
 from protocol.messages import (
     Ack,
@@ -25,7 +26,6 @@ from protocol.messages import (
     AssignmentRequest,
     AssignmentReturn,
     EpisodeReport,
-    GenerateRequest,
     GenerateResponse,
     MemoryQuery,
     MemoryResult,
@@ -94,19 +94,21 @@ class EnvWorker:
 
     def __init__(
         self,
-        cfg: PipelineConfig,
+        env_actor: EnvActorConfig,
+        env: EnvConfig,
+        run: RunFacts,
         metrics: EnvActorMetrics | None = None,
         slot: int = 0,
         chooser: ServerChooser | None = None,
         runner: EpisodeRunner | None = None,
     ):
-        self.cfg, self.acfg = cfg, cfg.env_actor
+        self.acfg, self.env_cfg, self.run_facts = env_actor, env, run
         self.actor_id = f"actor{self.acfg.index}" + (f".{slot}" if slot else "")
         self.metrics = metrics or EnvActorMetrics()
         ctx = zmq.Context.instance()
-        self.buffer = Client(ctx, cfg.endpoints.replay_buffer, self.acfg.buffer_timeout_s)
-        self.memory = Client(ctx, cfg.endpoints.memory_service, self.acfg.memory_timeout_s)
-        self.policies = [Client(ctx, ep, self.acfg.generate_timeout_s) for ep in cfg.endpoints.policy_servers]
+        self.buffer = Client(ctx, run.endpoints.replay_buffer, self.acfg.buffer_timeout_s)
+        self.memory = Client(ctx, run.endpoints.memory_service, self.acfg.memory_timeout_s)
+        self.policies = [Client(ctx, ep, self.acfg.generate_timeout_s) for ep in run.endpoints.policy_servers]
         self.chooser = chooser or ServerChooser(
             len(self.policies), self.acfg.server_selection, self.acfg.policy_retry_after_s
         )
@@ -119,7 +121,7 @@ class EnvWorker:
     def open(self) -> EpisodeRunner:
         """The episode logic over this worker's own ScienceWorld, built on first use."""
         if self.runner is None:
-            self.runner = open_episode_runner(self.cfg)
+            self.runner = open_episode_runner(self.acfg, self.env_cfg, self.run_facts)
         return self.runner
 
     @property
@@ -145,7 +147,7 @@ class EnvWorker:
         answers ready, at most `timeout_s` (startup_timeout_s) each; TimeoutError if one
         does not. `on_wait(endpoint, seconds_left)` runs between attempts, e.g. to check that the
         processes serving them are alive."""
-        timeout_s = self.cfg.startup_timeout_s if timeout_s is None else timeout_s
+        timeout_s = self.run_facts.startup_timeout_s if timeout_s is None else timeout_s
         clients = [*([self.buffer] if buffer else []), *self.policies, *([self.memory] if memory else [])]
         for client in clients:
 
@@ -174,14 +176,7 @@ class EnvWorker:
         """The next action's text from a policy server: the chooser picks the server; after a
         timeout that server is passed over for env_actor.policy_retry_after_s and the retry goes
         to another one. `temperature` defaults to env_actor.temperature."""
-        request = GenerateRequest(
-            request_id=f"{self.actor_id}-{next(self._request_ids)}",
-            prompt_token_ids=prompt_ids,
-            max_tokens=self.acfg.max_action_tokens,
-            temperature=self.acfg.temperature if temperature is None else temperature,
-            seed=seed,
-            stop=["\n"] if self.acfg.stop_at_newline else [],
-        )
+        request = self.acfg.action_request(f"{self.actor_id}-{next(self._request_ids)}", prompt_ids, seed, temperature)
         for attempt in itertools.count(1):
             index = self.chooser.acquire()
             try:
@@ -262,7 +257,7 @@ class EnvWorker:
                 self._upload(trajectory)
                 self.playing = None
                 report_s = time.perf_counter()
-                if self.cfg.replay_buffer.p_memory > 0:  # p = 0 (GRPO): no tip rollout ever reads the memory
+                if self.run_facts.memory_in_use:  # p = 0 (GRPO): no tip rollout ever reads the memory
                     self.report_episode(episode)
                 report_s = time.perf_counter() - report_s
                 self._record(episode)
@@ -288,7 +283,7 @@ class EnvWorker:
         if self.playing is None:
             return
         a, self.playing = self.playing, None
-        client = Client(ctx, self.cfg.endpoints.replay_buffer, RETURN_TIMEOUT_S)
+        client = Client(ctx, self.run_facts.endpoints.replay_buffer, RETURN_TIMEOUT_S)
         try:
             client.call(AssignmentReturn(group_id=a.group_id, slot=a.slot, actor_id=self.actor_id))
             log.info("%s returned its unfinished slot %s/%d", self.actor_id, short_id(a.group_id), a.slot)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.choices import Choice, Device
+from common.config import at_least, check
 
 
 class Dtype(Choice):
@@ -42,3 +43,15 @@ class PolicyServerConfig:
     allowed_weight_dirs: list[str] = field(default_factory=lambda: ["/dev/shm"])  # WeightFile paths must lie here
     max_weight_message_bytes: int = 1 << 30  # size limit of one WeightChunk message
     max_request_message_bytes: int = 8 << 20  # size limit of any other request
+
+    def validate(self) -> None:
+        at_least("index", self.index, 0)
+        at_least("tensor_parallel_size", self.tensor_parallel_size, 1)
+        check(
+            not (self.tensor_parallel_size > 1 and self.device == "cpu"),
+            "tensor_parallel_size",
+            "> 1 needs CUDA GPUs, and policy_server.device=cpu",
+        )
+        check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")
+        at_least("max_model_len", self.max_model_len, 1)
+        at_least("cpu_kv_cache_gib", self.cpu_kv_cache_gib, 1)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from actors.policy_server.config import PolicyServerConfig
+from protocol.messages import GenerateRequest
 
 log = logging.getLogger(__name__)
 
@@ -157,24 +158,16 @@ class PolicyEngine:
         self.per_request_seed = engine is not None or resolve_device(cfg.device) != "cpu"
         self._running: set[asyncio.Task] = set()  # generations in flight (aborted by an update in abort mode)
 
-    async def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        max_tokens: int,
-        temperature: float,
-        top_p: float,
-        seed: int,
-        stop: list[str],
-    ) -> Completion:
+    async def generate(self, request: GenerateRequest) -> Completion:
         from vllm import SamplingParams
 
+        request_id, prompt_token_ids = request.request_id, request.prompt_token_ids.tolist()
         params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed if self.per_request_seed else None,
-            stop=stop or None,
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed if self.per_request_seed else None,
+            stop=request.stop or None,
             logprobs=0,  # 0 = the sampled token's log-prob only
         )
         for attempt in itertools.count():

@@ -19,19 +19,20 @@ import logging
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import zmq
 import zmq.asyncio
 
+from actors.policy_server.config import PolicyServerConfig
 from actors.policy_server.weight_receiver import WeightAssembler, WeightUpdateError
+from common.config import RunFacts, WeightSyncConfig
 from common.logs import setup_logging
 from common.metrics import PolicyServerMetrics
 from common.model_prep import model_vocab_size, resolve_model
 from common.process import run_async_until_signalled
 from common.server import dispatch, rejections
-from pipeline.cli import role_config
-from pipeline.config import PipelineConfig, door_limits
 from protocol import ProtocolError, decode, encode
 from protocol.messages import (
     ErrorReply,
@@ -56,16 +57,16 @@ ERROR_DETAIL_CHARS = 500
 
 
 class PolicyServer:
-    def __init__(self, cfg: PipelineConfig, index: int):
-        self.cfg, self.index = cfg, index
-        self.scfg = cfg.policy_server
-        self.endpoint = cfg.endpoints.policy_servers[index]
+    def __init__(self, policy_server: PolicyServerConfig, weight_sync: WeightSyncConfig, run: RunFacts):
+        self.scfg, self.weight_sync, self.run_facts = policy_server, weight_sync, run
+        self.index = index = policy_server.index
+        self.endpoint = run.endpoints.policy_servers[index]
         self.metrics = PolicyServerMetrics()
         self.metrics.policy_version.set(-1)  # no engine yet
         self.engine = None  # created in run(): the socket answers Ping (ready=False) meanwhile
         self.assembler = WeightAssembler(self.scfg.weight_staging_dir, f"{os.getpid()}-{index}")
         # WeightFile paths are read only from these (weight_sync.method=shm: /dev/shm; =checkpoint: this run's checkpoints)
-        self.weight_dirs = [os.path.realpath(d) for d in [*self.scfg.allowed_weight_dirs, cfg.run_path("checkpoints")]]
+        self.weight_dirs = [os.path.realpath(d) for d in [*self.scfg.allowed_weight_dirs, run.run_path("checkpoints")]]
         self.tasks: set[asyncio.Task] = set()
         # vLLM's engine core died (EngineDeadError): every later request would fail, so the server
         # ends with an error and its supervisor (deploy/launch.py, systemd) starts a fresh one
@@ -93,8 +94,9 @@ class PolicyServer:
         self.sock.bind(self.endpoint)
         log.info("policy server %d listening on %s", self.index, self.endpoint)
         recv_loop = self._recv_task = asyncio.create_task(self._recv_loop())
-        model_path = resolve_model(self.cfg.model.name, self.cfg.model.cache_dir or None)
-        self.limits = door_limits(self.cfg, model_vocab_size(model_path))  # prompt token ids < the model's vocab
+        model = self.run_facts.model
+        model_path = resolve_model(model.name, model.cache_dir or None)
+        self.limits = replace(self.run_facts.door, vocab_size=model_vocab_size(model_path))  # token ids < its vocab
         # an unfinished zmq update holds at most twice the model's weights (a learner in float32 pushing
         # to a bfloat16 server sends twice the bytes of its files)
         self.assembler.max_bytes = 2 * sum(f.stat().st_size for f in Path(model_path).glob("*.safetensors"))
@@ -102,7 +104,7 @@ class PolicyServer:
 
         t0 = time.time()
         self.engine = await asyncio.to_thread(
-            PolicyEngine, model_path, self.scfg, self.cfg.seed + self.index, self.cfg.weight_sync.method
+            PolicyEngine, model_path, self.scfg, self.run_facts.seed + self.index, self.weight_sync.method
         )
         self.metrics.ready.set(1)
         self.metrics.policy_version.set(self.engine.version)
@@ -167,15 +169,7 @@ class PolicyServer:
         self.metrics.requests_in_flight.inc()
         t0 = time.perf_counter()
         try:
-            out = await self.engine.generate(
-                req.request_id,
-                req.prompt_token_ids.tolist(),
-                req.max_tokens,
-                req.temperature,
-                req.top_p,
-                req.seed,
-                req.stop,
-            )
+            out = await self.engine.generate(req)
             self.metrics.generated_tokens.inc(len(out.token_ids))
             self.metrics.requests_retried.inc(out.retries)
             self.metrics.prompt_tokens.inc(out.prompt_tokens)
@@ -311,16 +305,10 @@ class PolicyServer:
         )
 
 
-def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> None:
-    cfg = cfg or role_config("empo2-policy-server", argv)
-    index = cfg.policy_server.index
-    setup_logging(f"policy_server{index}")
-    server = PolicyServer(cfg, index)
-    server.metrics.serve(cfg.metrics.host, cfg.metrics.port("policy_server", index))
+def main(policy_server: PolicyServerConfig, weight_sync: WeightSyncConfig, run: RunFacts) -> None:
+    setup_logging(f"policy_server{policy_server.index}")
+    server = PolicyServer(policy_server, weight_sync, run)
+    server.metrics.serve(run.metrics.host, run.metrics_port)
     run_async_until_signalled(server.run(), on_exit=lambda: server.engine and server.engine.shutdown())
     if server.engine_dead:
         sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()

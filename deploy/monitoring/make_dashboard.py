@@ -215,6 +215,26 @@ PANELS = [
     ),
 ]
 
+# exploration, per learner step (learner/exploration.py: a state is the room, inventory and visible objects,
+# hashed; the paper's Figures 3 and 7): distinct states and actions, groups collapsed onto one path, entropy
+PANELS += [
+    (
+        "Exploration: distinct states per episode / group, distinct actions per group",
+        "none",
+        [
+            "empo2_learner_distinct_states_per_episode",
+            "empo2_learner_distinct_states_per_group",
+            "empo2_learner_distinct_actions_per_group",
+        ],
+    ),
+    (
+        "Exploration collapse: groups whose episodes share one state sequence",
+        "percentunit",
+        ["empo2_learner_collapsed_group_fraction"],
+    ),
+    ("Policy entropy (nats, every step)", "none", ["empo2_learner_entropy_mean"]),
+]
+
 # reliability: what the doors refuse, the buffer's confirmations and its log, the reflection queue
 PANELS += [
     (

@@ -6,15 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from common.process import spawn_role, stop_group
-
-REPO = Path(__file__).resolve().parents[2]
+from common.process import spawn_command, stop_group
+from tests.helpers import REPO
 
 
 class RoleProcess:
-    def __init__(self, module: str, overrides: list[str], log_path: Path):
+    def __init__(self, command: str, overrides: list[str], log_path: Path):
         self.log_path = log_path
-        self.proc = spawn_role(module, overrides, log_path, cwd=REPO)
+        self.proc = spawn_command(command, overrides, log_path, cwd=REPO)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -27,8 +26,8 @@ class RoleProcess:
 def start_role(tmp_path):
     started: list[RoleProcess] = []
 
-    def start(module: str, overrides: list[str], name: str) -> RoleProcess:
-        role = RoleProcess(module, overrides, tmp_path / f"{name}.log")
+    def start(command: str, overrides: list[str], name: str) -> RoleProcess:
+        role = RoleProcess(command, overrides, tmp_path / f"{name}.log")
         started.append(role)
         return role
 

@@ -16,13 +16,13 @@ import time
 import pytest
 import zmq
 
-from common.process import spawn_role
+from common.config import EnvConfig
+from common.process import spawn_command
 from common.scienceworld import ScienceWorld
-from pipeline.config import EnvConfig
 from protocol import Client
 from protocol.messages import GenerateRequest
 from protocol.transport import bind_router, recv_request, send_reply, wait_until_ready
-from tests.integration.conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.integration
 TASK = "find-animal"
@@ -79,7 +79,7 @@ def _eval(tmp_path, name: str) -> subprocess.Popen:
         f"metrics.base_port={METRICS_BASE}",
         "env.max_steps=2",
     ]
-    return spawn_role("evaluation.eval", overrides, tmp_path / f"{name}.out", cwd=REPO)
+    return spawn_command("empo2-eval", overrides, tmp_path / f"{name}.out", cwd=REPO)
 
 
 def _wait(proc: subprocess.Popen, out, timeout_s: float) -> str:
@@ -94,7 +94,7 @@ def _wait(proc: subprocess.Popen, out, timeout_s: float) -> str:
 
 def test_eval_test_variations_no_memory_resume(start_role, tmp_path):
     server = start_role(
-        "actors.policy_server.server",
+        "empo2-policy-server",
         [
             "profile=e2e",
             f"endpoints.policy_servers=[{SERVER}]",

@@ -17,7 +17,8 @@ server, the replay buffer, the learner — and the launcher brings it back. Then
   - no process is left behind (vLLM engine cores and workers, ScienceWorld JVMs) and nothing in
     /dev/shm
 
-One run for the whole module, the kills in order (each test waits for the role to be back).
+One run for the whole module, the kills in order (each test waits for the role to be back); the
+fixture hands each test a run that has taken its first learner step, so any of them also runs alone.
 """
 
 from __future__ import annotations
@@ -31,13 +32,12 @@ from pathlib import Path
 
 import pytest
 
-from common.process import spawn_role
-from deploy.monitor import scrape, total
+from deploy.harness import LaunchedRun
+from deploy.monitor import scrape
 from deploy.run_state import kill_role, read_state, wait_for_role
 from learner.checkpoint import list_checkpoints
-from pipeline.config import load_config
 from replay_buffer.buffer import BufferLog
-from tests.integration.conftest import REPO
+from tests.helpers import REPO
 
 # long: ~18 min on 2 cores, run by `make test-long`; `make test` keeps its short variants: the env actor
 # and replay buffer kills of test_operations.py, the memory service's kill -9 in test_memory_durability.py
@@ -86,28 +86,13 @@ def _processes() -> dict[int, str]:
     return found
 
 
-class Run:
+class Run(LaunchedRun):
+    """The module's run; what was there before it, and the roles the tests killed."""
+
     def __init__(self, run_dir: Path):
-        self.run_dir, self.cfg = run_dir, load_config([*OVERRIDES, f"run_dir={run_dir}"])
         self.processes_before, self.shm_before = set(_processes()), set(os.listdir("/dev/shm"))
-        self.out = run_dir / "launch.out"
-        self.launcher = spawn_role("deploy.launch", [*OVERRIDES, f"run_dir={run_dir}"], self.out, cwd=REPO)
-        self.deadline = time.monotonic() + TIMEOUT_S
-
-    def alive(self) -> bool:
-        return self.launcher.poll() is None
-
-    def wait_for(self, what: str, condition, poll_s: float = 1.0):
-        while True:
-            value = condition()
-            if value:
-                return value
-            assert self.alive(), f"launcher ended while waiting for {what}:\n" + self.out.read_text()[-5000:]
-            assert time.monotonic() < self.deadline, f"timed out waiting for {what}:\n" + self.out.read_text()[-3000:]
-            time.sleep(poll_s)
-
-    def metric(self, role: str, name: str, index: int = 0) -> float:
-        return total(scrape(self.cfg.metrics.host, self.cfg.metrics.port(role, index)), name)
+        super().__init__(OVERRIDES, run_dir, TIMEOUT_S, cwd=REPO)
+        self.killed: set[str] = set()  # each is restarted by the end
 
     def actors_metric(self, name: str) -> float:
         return sum(self.metric("env_actor", name, j) for j in range(self.cfg.launch.num_env_actors))
@@ -119,6 +104,7 @@ class Run:
     def kill_and_wait(self, role: str) -> dict:
         before = read_state(self.run_dir)["roles"][role]
         kill_role(self.run_dir, role, signal.SIGKILL)
+        self.killed.add(role)
         after = wait_for_role(self.run_dir, role, before["restarts"] + 1, TIMEOUT_S, self.alive)
         assert after["pid"] != before["pid"] and after["last_exit"] == -signal.SIGKILL
         return after
@@ -131,9 +117,7 @@ def run(tmp_path_factory):
         run.wait_for("the first learner step", lambda: run.metric("learner", "empo2_learner_steps_total") >= 1, 2)
         yield run
     finally:
-        if run.alive():
-            os.killpg(run.launcher.pid, signal.SIGTERM)
-            run.launcher.wait(timeout=180)
+        run.stop(grace_s=180)
 
 
 def test_a_hung_memory_service_is_gone_around_without_tips(run):
@@ -225,22 +209,24 @@ def test_a_killed_learner_resumes_from_its_newest_checkpoint(run):
     assert steps
     log_path = run.run_dir / "logs" / "learner.log"
     resumes = log_path.read_text().count("resumed from")
+    restarts = read_state(run.run_dir)["roles"]["learner"]["restarts"]
     pid = kill_role(run.run_dir, "learner", signal.SIGKILL)
+    run.killed.add("learner")
     time.sleep(1)  # dead: its checkpoints stay as they are until the restarted learner steps
     newest = list_checkpoints(run.run_dir / "checkpoints")[-1]
-    wait_for_role(run.run_dir, "learner", 1, TIMEOUT_S, run.alive)
+    wait_for_role(run.run_dir, "learner", restarts + 1, TIMEOUT_S, run.alive)
     run.wait_for("the learner's resume", lambda: log_path.read_text().count("resumed from") > resumes, poll_s=1)
     path, version = re.findall(r"resumed from (\S+) at policy version (\d+)", log_path.read_text())[-1]
     assert Path(path).name == newest.name and int(version) >= 1, (path, newest, pid)
 
 
 def test_training_reaches_its_target_and_nothing_is_lost_or_left(run):
-    rc = run.launcher.wait(timeout=max(run.deadline - time.monotonic(), 1))
+    rc = run.wait()
     output = run.out.read_text()
     assert rc == 0, output[-6000:]
     summary = json.loads((run.run_dir / "summary.json").read_text())
     assert summary["outcome"] == "done" and summary["policy_version"] == TOTAL_STEPS, summary
-    for role in ("env_actor0", "memory_service", "policy_server0", "replay_buffer", "learner"):
+    for role in run.killed:
         assert summary["restarts"][role] >= 1, summary["restarts"]
     assert summary["restarts"]["policy_server1"] == 0  # hung and resumed, never restarted
     assert summary["server_versions_at_end"] == [TOTAL_STEPS, TOTAL_STEPS]

@@ -1,13 +1,14 @@
-"""benchmarks/fuzz.py's short variant (issue 14): a few hundred hostile inputs against the real
-replay buffer and memory service processes: every input answered, no crash, the valid request
-after every 100 inputs still served, and the log stays small (refusals are logged bounded and
-rate-limited)."""
+"""benchmarks/fuzz.py's short variant (issue 14): a few hundred hostile inputs (protocol/fuzz.py)
+against the real replay buffer and memory service processes, each started alone (deploy/fuzz.py):
+every input answered, no crash, the valid request after every 100 inputs still served, and the log
+stays small (refusals are logged bounded and rate-limited)."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.fuzz import fuzz_socket
+from deploy.fuzz import fuzz_server
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.integration
 PORTS = {"replay_buffer": 32560, "memory_service": 32570}
@@ -16,7 +17,9 @@ METRICS_BASE = 32600
 
 @pytest.mark.parametrize("socket", sorted(PORTS))
 def test_hostile_inputs_are_refused_and_the_server_keeps_serving(socket, tmp_path):
-    result = fuzz_socket(socket, 300, 100, seed=1, port=PORTS[socket], metrics_base=METRICS_BASE, work=tmp_path)
+    result = fuzz_server(
+        socket, 300, 100, seed=1, port=PORTS[socket], metrics_base=METRICS_BASE, work=tmp_path, cwd=REPO
+    )
     assert not result["crashed"], result
     assert result["inputs_sent"] == 300
     assert result["valid_checks"] == {"ok": 4}, result

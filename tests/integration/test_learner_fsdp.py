@@ -11,7 +11,6 @@ their own), then SIGKILL, after the run or its timeout.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +20,8 @@ import torch
 
 from common.process import stop_group
 from tests.factories import mixed_group, save_tiny_model
+from tests.helpers import REPO, free_port
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 
@@ -91,9 +90,7 @@ def test_two_ranks_take_the_single_process_steps(model_dir, tmp_path):
 
     script = str(Path(__file__).resolve())
     _run([sys.executable, script, model_dir, str(tmp_path / "one")], tmp_path / "one")
-    with socket.socket() as s:  # a free port for the rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # for the rendezvous
     _run(
         [
             sys.executable,

@@ -13,9 +13,11 @@ import pytest
 import zmq
 
 from actors.env_actor.worker import EnvWorker
+from common.config import MetricsConfig
 from common.process import signal_group, wait_group
 from deploy.monitor import scrape
-from pipeline.config import MetricsConfig, load_config
+from pipeline.cli import given
+from pipeline.config import load_config
 from protocol import Client
 from protocol.messages import Ack, EpisodeReport
 from protocol.transport import wait_until_ready
@@ -54,7 +56,7 @@ def test_every_acknowledged_report_is_stored_after_a_kill_9(start_role, tmp_path
         "memory_service.reflection_max_tokens=24",
     ]
     # no policy server yet: the reflection worker waits on its first batch, the rest stays queued
-    first = start_role("memory_service.service", [*overrides, "memory_service.reflection_timeout_s=600"], "memory_1")
+    first = start_role("empo2-memory-service", [*overrides, "memory_service.reflection_timeout_s=600"], "memory_1")
     ctx = zmq.Context.instance()
     memory = Client(ctx, MEMORY, timeout_s=30)
     wait_until_ready(memory, "test", timeout_s=300)
@@ -65,7 +67,7 @@ def test_every_acknowledged_report_is_stored_after_a_kill_9(start_role, tmp_path
 
     # hung (SIGSTOP): an actor's retrieval times out and the turn goes on without tips
     signal_group(first.proc, signal.SIGSTOP)
-    worker = EnvWorker(load_config([*overrides, "env_actor.memory_timeout_s=1.0"]))
+    worker = EnvWorker(**given("empo2-env-actor", load_config([*overrides, "env_actor.memory_timeout_s=1.0"])))
     try:
         t0 = time.monotonic()
         assert worker.retrieve("find-living-thing", 0, "kitchen") is None
@@ -77,8 +79,8 @@ def test_every_acknowledged_report_is_stored_after_a_kill_9(start_role, tmp_path
     assert wait_group(first.proc, time.monotonic() + 10)
     assert pending(tmp_path / "memory.sqlite") == REPORTS
 
-    start_role("actors.policy_server.server", overrides, "policy_server")
-    restarted = start_role("memory_service.service", overrides, "memory_2")
+    start_role("empo2-policy-server", overrides, "policy_server")
+    restarted = start_role("empo2-memory-service", overrides, "memory_2")
     wait_until_ready(Client(ctx, POLICY, timeout_s=30), "test", timeout_s=600)
     port = MetricsConfig(base_port=METRICS_BASE).port("memory_service")
     deadline = time.monotonic() + 600

@@ -9,8 +9,8 @@ import time
 import pytest
 import zmq
 
+from common.config import MetricsConfig
 from deploy.monitor import scrape
-from pipeline.config import MetricsConfig
 from protocol import Client
 from protocol.messages import Ack, EpisodeReport, MemoryQuery, MemoryResult
 from protocol.transport import wait_until_ready
@@ -41,8 +41,8 @@ def test_reflection_storage_retrieval_and_restart(start_role, tmp_path):
         f"metrics.base_port={METRICS_BASE}",
         f"run_dir={tmp_path}",
     ]
-    start_role("actors.policy_server.server", overrides, "policy_server")
-    memory_proc = start_role("memory_service.service", overrides, "memory_service")
+    start_role("empo2-policy-server", overrides, "policy_server")
+    memory_proc = start_role("empo2-memory-service", overrides, "memory_service")
     ctx = zmq.Context.instance()
     memory = Client(ctx, MEMORY, timeout_s=30)
     wait_until_ready(memory, "test", timeout_s=300)
@@ -77,7 +77,7 @@ def test_reflection_storage_retrieval_and_restart(start_role, tmp_path):
     assert _query(memory, HALLWAY).count == _query(memory, HALLWAY).count  # retrieval is read-only
 
     memory_proc.stop()
-    restarted = start_role("memory_service.service", overrides, "memory_service_restarted")
+    restarted = start_role("empo2-memory-service", overrides, "memory_service_restarted")
     memory = Client(ctx, MEMORY, timeout_s=30)
     wait_until_ready(memory, "test", timeout_s=300)
     again = _query(memory, HALLWAY)

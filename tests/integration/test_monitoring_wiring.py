@@ -19,10 +19,11 @@ import urllib.request
 import pytest
 
 from common.process import stop_group
-from deploy.launch import Launcher, RoleSpec
+from deploy.launch import Launcher
 from deploy.prometheus import RULES, start_prometheus, wait_ready
 from deploy.run_state import kill_role, wait_for_role
 from pipeline.config import load_config
+from pipeline.roles import RoleSpec
 
 pytestmark = [
     pytest.mark.integration,
@@ -55,7 +56,9 @@ def test_prometheus_follows_the_launcher_and_alerts_on_a_killed_role(tmp_path, m
     import deploy.launch
 
     cfg = load_config([f"run_dir={tmp_path}", f"metrics.base_port={BASE}", "launch.backoff_s=4"])
-    actor = lambda j: RoleSpec(f"env_actor{j}", [STUB, f"serve:{cfg.metrics.port('env_actor', j)}"], "env_actor", j)
+    actor = lambda j: RoleSpec(
+        f"env_actor{j}", [STUB], "env_actor", j, args=(f"serve:{cfg.metrics.port('env_actor', j)}",)
+    )
     monkeypatch.setattr(deploy.launch, "env_actor_spec", actor)  # scaling starts stand-ins too, not ScienceWorld
     launcher = Launcher(cfg, [], roles=[actor(0), actor(1)], publish=True)
     rules = tmp_path / "rules.yml"

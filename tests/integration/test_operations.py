@@ -1,5 +1,6 @@
 """The whole pipeline end to end, and its operations, for real, on one run shared by the tests of
-this module (in order): the launcher (profile=e2e, its short episodes; 3 learner steps) starts and
+this module (in order; the fixture hands each test a run whose roles are up, so any of them also
+runs alone): the launcher (profile=e2e, its short episodes; 3 learner steps) starts and
 supervises every role as its own process (vLLM policy server, memory service, replay buffer,
 ScienceWorld env actors, learner) with the embedded model, every socket under CURVE
 (security.curve=true, keys from empo2-keys; this test process uses the evaluation key), and a
@@ -19,15 +20,15 @@ the rules of deploy/monitoring/rules.yml.
     key gets nothing through (each server counts the refused handshakes), and an accepted key of
     the wrong role is refused (wrong_role): an env actor's key takes no batch, the evaluation key
     pushes no weights
-  - 200 hostile inputs (benchmarks/fuzz.py) to the live policy server, through CURVE: every one
+  - 200 hostile inputs (protocol/fuzz.py) to the live policy server, through CURVE: every one
     answered, generation still served, the server not restarted
   - once the learner has pushed a newer version, the same greedy probe answers differently
   - every dashboard panel reads only metrics the live scrape exports, and every exported family
     is on a panel or deliberately left off (deploy/monitoring/make_dashboard.py)
   - the run still reaches its step target: the servers report the final version, the memory stored
     reflections and returned them into prompts as tips, the checkpoint exists, the summary counts
-    the restarts, nothing is left running, and no episode an actor delivered is missing from the
-    buffer's log or in it twice
+    the restarts of the roles the tests killed, nothing is left running, and no episode an actor
+    delivered is missing from the buffer's log or in it twice
 
 The alerts' `for:` durations are set to 0s in this test's copy of the rules (the durations
 themselves are promtool-tested, tests/unit/deploy/test_rules.py); scrape and evaluation every 1s.
@@ -52,21 +53,20 @@ import zmq
 import zmq.auth
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.fuzz import fuzz_endpoint
 from common.model_prep import resolve_model
-from common.process import spawn_role, stop_group
+from common.process import status_mb, stop_group
+from deploy.harness import LaunchedRun
 from deploy.monitor import scrape, total
 from deploy.monitoring.make_dashboard import PANELS, panel_metric_names, uncovered
 from deploy.prometheus import RULES, start_prometheus, wait_ready
 from deploy.run_state import kill_role, read_state, wait_for_role
-from pipeline.config import load_config
 from protocol import Client
+from protocol.fuzz import fuzz_endpoint
 from protocol.messages import BatchRequest, GenerateRequest, GenerateResponse, WeightFile
 from protocol.security import Curve, generate_keys, use_curve
 from protocol.transport import RemoteError, wait_until_ready
 from replay_buffer.buffer import BufferLog, ReplayBuffer
-from tests.integration.conftest import REPO
-from tests.zmq_probe import ping_answered
+from tests.helpers import REPO, ping_answered
 
 pytestmark = pytest.mark.e2e
 BASE = (
@@ -119,19 +119,20 @@ class _LoggedEpisodes(ReplayBuffer):
         return super().add(traj, nbytes)
 
 
-class Run:
+class Run(LaunchedRun):
+    """The module's run, under CURVE, with a Prometheus on it; what the tests did to it so far."""
+
     def __init__(self, run_dir: Path):
         self.keys = run_dir / "keys"
         generate_keys(self.keys)
-        overrides = [*OVERRIDES, f"run_dir={run_dir}", "security.curve=true", f"security.keys_dir={self.keys}"]
-        self.run_dir, self.cfg = run_dir, load_config(overrides)
-        self.out = run_dir / "launch.out"
         rules = run_dir / "rules.yml"
         rules.write_text(re.sub(r"for: \w+", "for: 0s", RULES.read_text()))
         self.prometheus = start_prometheus(run_dir, PROMETHEUS, "1s", [rules], run_dir / "prometheus.log")
-        self.launcher = spawn_role("deploy.launch", overrides, self.out, cwd=REPO)
-        self.deadline = time.monotonic() + TIMEOUT_S
+        overrides = [*OVERRIDES, "security.curve=true", f"security.keys_dir={self.keys}"]
+        super().__init__(overrides, run_dir, TIMEOUT_S, cwd=REPO)
         self.first_answer: GenerateResponse | None = None  # the greedy probe with the initial weights
+        self.killed: set[str] = set()  # roles a test killed: each is restarted by the end
+        self.actors = {0}  # the env actors that ran (a test grows them to 3)
 
     def probe(self) -> GenerateResponse:
         """The policy server's greedy answer to a fixed chat prompt (a change shows new weights)."""
@@ -155,18 +156,6 @@ class Run:
         assert isinstance(reply, GenerateResponse), reply
         return reply
 
-    def alive(self) -> bool:
-        return self.launcher.poll() is None
-
-    def wait_for(self, what: str, condition, poll_s: float = 1.0):
-        while True:
-            value = condition()
-            if value:
-                return value
-            assert self.alive(), f"launcher ended while waiting for {what}:\n" + self.out.read_text()[-5000:]
-            assert time.monotonic() < self.deadline, f"timed out waiting for {what}:\n" + self.out.read_text()[-3000:]
-            time.sleep(poll_s)
-
     def targets(self) -> dict[str, dict]:
         # the launcher's target has no `role` label (its metrics have one): keyed by its job
         return {
@@ -177,22 +166,20 @@ class Run:
         """This process's client key from now on (CURVE is process-wide: protocol/security.py)."""
         use_curve(Curve(self.keys, role))
 
-    def server_metric(self, kind: str, name: str) -> float:
-        return total(scrape(self.cfg.metrics.host, self.cfg.metrics.port(kind, 0)), name)
-
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
+    """The module's run with its roles up and the policy server's first answer (initial weights)."""
     run = Run(tmp_path_factory.mktemp("operations"))
     run.as_role("evaluation")  # the probes and the fuzzing
     try:
         wait_ready(PROMETHEUS, 60, run.prometheus)
+        run.wait_until_up()
+        run.first_answer = run.probe()
         yield run
     finally:
         use_curve(None)
-        if run.alive():
-            os.killpg(run.launcher.pid, signal.SIGTERM)
-            run.launcher.wait(timeout=120)
+        run.stop(grace_s=120)
         stop_group(run.prometheus, grace_s=10)
 
 
@@ -207,13 +194,13 @@ def test_every_role_is_an_up_target(run):
 
 
 def test_the_policy_server_answers_with_the_initial_weights(run):
-    run.first_answer = run.probe()
     assert run.first_answer.policy_version == 0 and run.first_answer.token_ids.size > 0
 
 
 def test_a_killed_env_actor_fires_the_alert_and_comes_back(run):
     before = read_state(run.run_dir)["roles"]["env_actor0"]
     kill_role(run.run_dir, "env_actor0", signal.SIGKILL)
+    run.killed.add("env_actor0")
 
     def firing():
         alerts = _api("alerts")["alerts"]
@@ -227,16 +214,21 @@ def test_a_killed_env_actor_fires_the_alert_and_comes_back(run):
 
     (alert,) = run.wait_for("EMPO2RoleDown for env_actor0", firing, poll_s=0.5)
     assert alert["labels"]["job"] == "empo2_env_actor" and alert["labels"]["severity"] == "critical"
-    after = wait_for_role(run.run_dir, "env_actor0", 1, TIMEOUT_S, run.alive)
+    after = wait_for_role(run.run_dir, "env_actor0", before["restarts"] + 1, TIMEOUT_S, run.alive)
     assert after["pid"] != before["pid"] and after["last_exit"] == -signal.SIGKILL
-    run.wait_for("the restart in Prometheus", lambda: _value('empo2_launch_restarts_total{role="env_actor0"}') == 1)
+    restarts = after["restarts"]
+    run.wait_for(
+        "the restart in Prometheus", lambda: _value('empo2_launch_restarts_total{role="env_actor0"}') == restarts
+    )
     run.wait_for("env_actor0 up again", lambda: run.targets()["env_actor0"]["health"] == "up", poll_s=2)
     assert "restarted env_actor0" in run.out.read_text()
 
 
 def test_a_killed_replay_buffer_comes_back(run):
+    restarts = read_state(run.run_dir)["roles"]["replay_buffer"]["restarts"]
     kill_role(run.run_dir, "replay_buffer", signal.SIGKILL)
-    wait_for_role(run.run_dir, "replay_buffer", 1, TIMEOUT_S, run.alive)
+    run.killed.add("replay_buffer")
+    wait_for_role(run.run_dir, "replay_buffer", restarts + 1, TIMEOUT_S, run.alive)
     run.wait_for("replay_buffer up again", lambda: run.targets()["replay_buffer"]["health"] == "up", poll_s=2)
 
 
@@ -245,9 +237,10 @@ def test_env_actors_grow_from_one_to_three_and_shrink_to_one_while_it_runs(run):
     actors get assignments at once (their episodes reach the buffer), the stopped ones return their
     slots; the learner, buffer and memory service are not restarted by it."""
     before = {n: r["restarts"] for n, r in read_state(run.run_dir)["roles"].items()}
-    attach = [sys.executable, "-m", "deploy.launch", "--attach", str(run.run_dir)]
+    attach = [sys.executable, "-m", "pipeline", "empo2-run", "--attach", str(run.run_dir)]
     grow = subprocess.run([*attach, "launch.num_env_actors=3"], cwd=REPO, capture_output=True, text=True, timeout=180)
     assert grow.returncode == 0, grow.stdout + grow.stderr
+    run.actors |= {1, 2}
     for j in (1, 2):
         name = f"env_actor{j}"
         run.wait_for(f"{name} up in Prometheus", lambda n=name: run.targets().get(n, {}).get("health") == "up", 2)
@@ -315,12 +308,12 @@ def test_curve_guards_every_server_of_the_running_pipeline(run):
     unlisted = {zmq.CURVE_SERVERKEY: server_key, zmq.CURVE_PUBLICKEY: public, zmq.CURVE_SECRETKEY: secret}
     for kind, endpoint in servers.items():
         failures = f"empo2_{kind}_handshake_failures_total"
-        before = run.server_metric(kind, failures)
+        before = run.metric(kind, failures)
         assert not ping_answered(endpoint, {}, 2000), f"{kind} answered a client without CURVE"
         assert not ping_answered(endpoint, unlisted, 2000), f"{kind} answered an unlisted key"
         run.wait_for(
             f"{kind}'s refused handshakes counted",
-            lambda k=kind, f=failures, n=before: run.server_metric(k, f) >= n + 2,
+            lambda k=kind, f=failures, n=before: run.metric(k, f) >= n + 2,
         )
 
     def refused(role: str, endpoint: str, msg) -> str:
@@ -339,7 +332,7 @@ def test_curve_guards_every_server_of_the_running_pipeline(run):
     push = WeightFile(version=99, path="/dev/shm/empo2-intruder.safetensors", checksum="0" * 32)
     assert refused("evaluation", servers["policy_server"], push) == "wrong_role"
     for kind in ("replay_buffer", "policy_server"):
-        assert run.server_metric(kind, f'empo2_{kind}_messages_rejected_total{{reason="wrong_role"}}') >= 1
+        assert run.metric(kind, f'empo2_{kind}_messages_rejected_total{{reason="wrong_role"}}') >= 1
 
 
 def test_the_live_policy_server_answers_hostile_inputs_and_keeps_serving(run):
@@ -350,8 +343,8 @@ def test_the_live_policy_server_answers_hostile_inputs_and_keeps_serving(run):
         200,
         100,
         seed=3,
-        pid=before["pid"],
         alive=lambda: read_state(run.run_dir)["roles"]["policy_server0"]["pid"] == before["pid"],
+        memory_mb=lambda: status_mb(before["pid"]),
     )
     assert not result["crashed"] and result["inputs_sent"] == 200, result
     assert result["replies"].get("no_reply", 0) == 0 and result["valid_checks"] == {"ok": 3}, result
@@ -366,20 +359,20 @@ def test_a_weight_update_changes_the_greedy_answer(run):
         poll_s=2,
     )
     before, after = run.first_answer, run.probe()
-    assert before is not None and after.policy_version > before.policy_version
+    assert after.policy_version > before.policy_version
     assert not (
         np.array_equal(after.token_ids, before.token_ids) and np.allclose(after.logprobs, before.logprobs, atol=1e-6)
     )
 
 
 def test_the_run_reaches_its_step_target(run):
-    rc = run.launcher.wait(timeout=max(run.deadline - time.monotonic(), 1))
+    rc = run.wait()
     output = run.out.read_text()
     assert rc == 0, output[-6000:]
     summary = json.loads((run.run_dir / "summary.json").read_text())
     assert summary["outcome"] == "done"
     assert summary["policy_version"] == run.cfg.learner.total_steps
-    assert summary["restarts"]["env_actor0"] >= 1 and summary["restarts"]["replay_buffer"] >= 1
+    assert all(summary["restarts"][role] >= 1 for role in run.killed), summary["restarts"]
     print(json.dumps(summary, indent=1))
     version = summary["policy_version"]
     assert summary["learner_steps"] == version and summary["server_versions_at_end"] == [version]
@@ -396,7 +389,7 @@ def test_the_run_reaches_its_step_target(run):
     # no episode lost or duplicated across the kills and the scaling: every episode an actor logged
     # (after the buffer's Ack) is in the buffer's log once, and every actor that ran has episodes there
     logged = set()
-    for j in range(3):
+    for j in run.actors:
         logged |= set(
             re.findall(r"episode ([0-9a-f]+) \S+/\d+ mode=", (run.run_dir / "logs" / f"env_actor{j}.log").read_text())
         )
@@ -404,7 +397,7 @@ def test_the_run_reaches_its_step_target(run):
     BufferLog.replay(run.run_dir / run.cfg.replay_buffer.log_file, buffer)
     assert len(buffer.added) == len(set(buffer.added)), "an episode is twice in the buffer log"
     assert all(any(e.startswith(short) for e in buffer.added) for short in logged), "a delivered episode is missing"
-    assert {a.split(".")[0] for a in buffer.actors} == {"actor0", "actor1", "actor2"}
+    assert {a.split(".")[0] for a in buffer.actors} == {f"actor{j}" for j in run.actors}
     for role in state["roles"].values():  # every process the launcher ever started is gone
         with pytest.raises(ProcessLookupError):
             os.kill(role["pid"], 0)

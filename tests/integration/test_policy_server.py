@@ -14,16 +14,17 @@ import pytest
 import torch
 import zmq
 
+from common.config import WeightSyncConfig
 from common.model_prep import resolve_model
 from deploy.monitor import scrape, total
 from learner.lora import apply_lora, lora_scale
-from learner.policy_model import load_policy, response_logprobs
+from learner.policy_model import load_policy
 from learner.weight_push import WeightPusher, build_chunks, push_weight_file, push_weights, weight_tensors
-from pipeline.config import WeightSyncConfig
 from protocol import Client, RemoteError
 from protocol.messages import GenerateRequest, GenerateResponse, Ping, Pong, WeightChunk, WeightFile
 from protocol.transport import wait_until_ready
 from protocol.weight_file import file_checksum
+from tests.helpers import logprobs
 
 pytestmark = pytest.mark.integration
 ENDPOINT = "tcp://127.0.0.1:25550"
@@ -49,17 +50,10 @@ def perturb(model) -> None:
             p.add_(torch.randn_like(p) * 0.02)
 
 
-def learner_logprobs(model, prompt: np.ndarray, response: GenerateResponse) -> np.ndarray:
-    with torch.no_grad():
-        return response_logprobs(
-            model, torch.from_numpy(prompt.astype(np.int64)), torch.from_numpy(response.token_ids.astype(np.int64))
-        ).numpy()
-
-
 def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     server = start_role(
-        "actors.policy_server.server",
+        "empo2-policy-server",
         [
             f"endpoints.policy_servers=[{ENDPOINT}]",
             f"metrics.base_port={METRICS_PORT}",
@@ -84,7 +78,7 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     before = greedy(client, prompt)
     assert before.policy_version == 0 and len(before.token_ids) > 0
     # vLLM's behaviour log-probs and the learner's recomputation agree (platform.md: ~1e-5 nats)
-    assert np.abs(learner_logprobs(model, prompt, before) - before.logprobs).max() < 1e-3
+    assert np.abs(logprobs(model, prompt, before.token_ids) - before.logprobs).max() < 1e-3
 
     # a corrupted update is refused and changes nothing
     chunks = build_chunks(weight_tensors(model), version=7, chunk_bytes=32 << 20)
@@ -106,7 +100,7 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     assert after.policy_version == 1
     assert not (np.array_equal(after.token_ids, before.token_ids) and np.allclose(after.logprobs, before.logprobs))
     # the server now computes exactly what the learner's updated weights compute (lm_head included)
-    assert np.abs(learner_logprobs(model, prompt, after) - after.logprobs).max() < 1e-3
+    assert np.abs(logprobs(model, prompt, after.token_ids) - after.logprobs).max() < 1e-3
 
     # the same through a weight file in shared memory (weight_sync.method=shm): versions 2 and 3,
     # the second rewriting the same file in place
@@ -117,7 +111,7 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
             pusher.push(weight_tensors(model), version)
             via_file = greedy(client, prompt)
             assert via_file.policy_version == version
-            assert np.abs(learner_logprobs(model, prompt, via_file) - via_file.logprobs).max() < 1e-3
+            assert np.abs(logprobs(model, prompt, via_file.token_ids) - via_file.logprobs).max() < 1e-3
         with pytest.raises(RemoteError) as err:  # a wrong checksum is refused
             client.call(WeightFile(version=4, path=str(pusher.shm_path), checksum="0" * 32))
         assert err.value.reason == "weight_update_rejected"
@@ -133,7 +127,7 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     push_weight_file([client], weights, file_checksum(weights), version=4, timeout_s=300, attempts=1)
     via_checkpoint = greedy(client, prompt)
     assert via_checkpoint.policy_version == 4
-    assert np.abs(learner_logprobs(model, prompt, via_checkpoint) - via_checkpoint.logprobs).max() < 1e-3
+    assert np.abs(logprobs(model, prompt, via_checkpoint.token_ids) - via_checkpoint.logprobs).max() < 1e-3
 
     # on_update=abort: a long generation caught by an update is aborted and run again, wholly on
     # the new weights (the perturbed model rarely samples EOS, so 300 tokens take many seconds;
@@ -162,7 +156,7 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     assert isinstance(reply, GenerateResponse) and reply.policy_version == 5
     assert total(scrape("127.0.0.1", METRICS_PORT), "empo2_policy_server_requests_retried_total") == 1
     # all of the response is the new policy's: its log-probs are the updated learner's
-    assert np.abs(learner_logprobs(model, prompt, reply) - reply.logprobs).max() < 1e-3
+    assert np.abs(logprobs(model, prompt, reply.token_ids) - reply.logprobs).max() < 1e-3
 
     # an adapter-only LoRA push (learner.lora_rank > 0): the server merges it onto its base model
     lora_model = apply_lora(
@@ -185,7 +179,7 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     )
     via_lora = greedy(client, prompt)
     assert via_lora.policy_version == 6
-    assert np.abs(learner_logprobs(lora_model, prompt, via_lora) - via_lora.logprobs).max() < 1e-3
+    assert np.abs(logprobs(lora_model, prompt, via_lora.token_ids) - via_lora.logprobs).max() < 1e-3
 
     outside = tmp_path / "w.safetensors"  # only policy_server.allowed_weight_dirs and the run's checkpoints are read
     outside.write_bytes(b"")

@@ -13,6 +13,7 @@ import pytest
 from actors.env_actor.episode import open_episode_runner
 from actors.env_actor.prompts import format_tip_block
 from learner.samples import remove_spans
+from pipeline.cli import given
 from pipeline.config import load_config
 from protocol.messages import OFF_POLICY, Assignment, GenerateResponse
 
@@ -23,7 +24,7 @@ TASK = "find-living-thing"
 
 @pytest.fixture(scope="module")
 def runner():
-    runner = open_episode_runner(load_config(["env.max_steps=3"]))
+    runner = open_episode_runner(**given("empo2-env-actor", load_config(["env.max_steps=3"])))
     yield runner
     runner.env.close()
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from common.config import MetricsConfig
 from deploy.monitor import scrape, total
-from pipeline.config import MetricsConfig
 from replay_buffer.buffer import BufferLog, ReplayBuffer
 from replay_buffer.config import ReplayBufferConfig
 
@@ -34,16 +34,15 @@ def test_two_servers_three_actors(start_role, tmp_path):
         "replay_buffer.variations_per_task=2",
     ]
     roles = [
-        start_role("actors.policy_server.server", [*common, f"policy_server.index={i}"], f"policy_server{i}")
-        for i in range(2)
+        start_role("empo2-policy-server", [*common, f"policy_server.index={i}"], f"policy_server{i}") for i in range(2)
     ]
     roles += [
-        start_role("replay_buffer.service", common, "replay_buffer"),
-        start_role("memory_service.service", common, "memory_service"),
+        start_role("empo2-replay-buffer", common, "replay_buffer"),
+        start_role("empo2-memory-service", common, "memory_service"),
     ]
     actors = [
         start_role(
-            "actors.env_actor.process",
+            "empo2-env-actor",
             [*common, f"env_actor.index={j}", f"env_actor.envs_per_actor={2 if j == 0 else 1}"],
             f"env_actor{j}",
         )

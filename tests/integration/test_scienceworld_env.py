@@ -12,6 +12,7 @@ import pytest
 
 from actors.env_actor.episode import open_episode_runner
 from common.scienceworld import most_similar_action
+from pipeline.cli import given
 from pipeline.config import load_config
 from protocol.messages import ON_POLICY, Assignment, GenerateResponse
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def runner():
     cfg = load_config(["env.max_steps=3", "+env.max_steps_per_task.find-plant=2", "env.task_step_limits=true"])
-    runner = open_episode_runner(cfg)
+    runner = open_episode_runner(**given("empo2-env-actor", cfg))
     yield runner
     runner.env.close()
 
@@ -72,7 +73,7 @@ def test_the_env_step_limit_ends_an_episode_before_a_longer_task_limit():
     Moves are the env's count, not turns: "look around" is free, "wait1" counts 2 in 1.2.3."""
     cfg = load_config(["env.task_step_limits=true", "env.env_step_limit=4"])
     assert cfg.env.step_limit("measure-melting-point-known-substance") == 120
-    runner = open_episode_runner(cfg)
+    runner = open_episode_runner(**given("empo2-env-actor", cfg))
     try:
         assignment = Assignment(
             group_id="g", slot=0, task="measure-melting-point-known-substance", variation=0, mode=ON_POLICY, seed=1
@@ -90,7 +91,7 @@ def _wait(prompt_ids: np.ndarray, seed: int) -> GenerateResponse:
 
 def test_the_cpu_profile_plays_4_steps_of_any_task():
     cfg = load_config([])
-    runner = open_episode_runner(cfg)
+    runner = open_episode_runner(**given("empo2-env-actor", cfg))
     try:
         for task in ("find-living-thing", "boil"):
             assignment = Assignment(group_id="g", slot=0, task=task, variation=0, mode=ON_POLICY, seed=1)

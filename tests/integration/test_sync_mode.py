@@ -2,7 +2,7 @@
 process (vLLM policy server, ScienceWorld env actors, replay buffer, memory service, learner) on
 the e2e profile's short episodes, without memory (p = 0: no reflection runs on the policy server),
 for 2 learner steps, while this test polls the policy server's generation metrics exactly as
-benchmarks/async_vs_sync.py does (its run_mode and lockstep_audit):
+benchmarks/async_vs_sync.py does (deploy/lockstep.py: polled_run and lockstep_audit):
 
   - every trained turn has staleness 0 (the learner's metrics log, one record per step)
   - no token is generated, and no request is in flight, while the learner steps (its busy
@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.async_vs_sync import lockstep_audit, run_mode, step_records
-from pipeline.config import load_config
+from deploy.lockstep import lockstep_audit, polled_run, step_records
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.e2e
 STEPS = 2
-OVERRIDES = [  # run_mode adds pipeline.mode=sync
+OVERRIDES = [
     "profile=e2e",
+    "pipeline.mode=sync",
     "replay_buffer.p_memory=0.0",
     "replay_buffer.max_open_groups=2",  # room to play ahead, which sync mode must not use
     "replay_buffer.max_ready_groups=2",
@@ -35,9 +36,7 @@ OVERRIDES = [  # run_mode adds pipeline.mode=sync
 
 def test_sync_mode_trains_on_fresh_turns_and_never_generates_while_the_learner_steps(tmp_path):
     run_dir = tmp_path / "sync"
-    run_dir.mkdir()
-    cfg = load_config(OVERRIDES)
-    polls = run_mode(OVERRIDES, "sync", run_dir, (cfg.metrics.host, cfg.metrics.port("policy_server", 0)))
+    polls = polled_run(OVERRIDES, run_dir, cwd=REPO)
     launch_out = (run_dir / "launch.out").read_text()
     steps = step_records(run_dir)
     assert len(steps) == STEPS, launch_out[-5000:]

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from common.process import spawn_role
+from common.config import EnvConfig
+from common.process import spawn_command
 from common.scienceworld import ScienceWorld
-from pipeline.config import EnvConfig
-from tests.integration.conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.integration
 TIMEOUT_S = 900
@@ -51,7 +51,7 @@ def test_tta_two_trials_memory_grows(tmp_path):
         "env.max_steps=2",
     ]
     out_path = tmp_path / "tta.out"
-    proc = spawn_role("evaluation.tta", overrides, out_path, cwd=REPO)
+    proc = spawn_command("empo2-memory-tta", overrides, out_path, cwd=REPO)
     try:
         rc = proc.wait(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from common.process import spawn_role, stop_group
+from common.process import spawn_command, stop_group
 from pipeline.config import load_config
-from tests.integration.conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.e2e
 PORTS = {"policy_server": 36550, "replay_buffer": 36560, "memory_service": 36570}
@@ -82,17 +82,20 @@ def test_a_learner_step_on_one_host_reaches_the_policy_server_on_the_other(hosts
     for overrides in (host_a, host_b):
         load_config(overrides)  # each host's configuration is valid on its own
     roles = [
-        (b, "actors.policy_server.server", host_b, "policy_server0"),
-        (a, "memory_service.service", host_a, "memory_service"),
-        (a, "replay_buffer.service", host_a, "replay_buffer"),
-        (b, "actors.env_actor.process", [*host_b, "env_actor.index=0"], "env_actor0"),
-        (a, "learner.train", host_a, "learner"),
+        (b, "empo2-policy-server", host_b, "policy_server0"),
+        (a, "empo2-memory-service", host_a, "memory_service"),
+        (a, "empo2-replay-buffer", host_a, "replay_buffer"),
+        (b, "empo2-env-actor", [*host_b, "env_actor.index=0"], "env_actor0"),
+        (a, "empo2-learner", host_a, "learner"),
     ]
     started = {}
     try:
-        for ns, module, overrides, name in roles:
+        for ns, command, overrides, name in roles:
             log = tmp_path / f"{name}.log"
-            started[name] = (spawn_role(module, overrides, log, cwd=REPO, exec_prefix=("ip", "netns", "exec", ns)), log)
+            started[name] = (
+                spawn_command(command, overrides, log, cwd=REPO, exec_prefix=("ip", "netns", "exec", ns)),
+                log,
+            )
         learner, learner_log = started["learner"]
         deadline = time.monotonic() + TIMEOUT_S
         while learner.poll() is None:

@@ -3,7 +3,6 @@ what it was asked, always stopped after the test."""
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Callable
 
@@ -11,12 +10,7 @@ import pytest
 import zmq
 
 from protocol import Message, bind_router, recv_request, send_reply
-
-
-def _free_endpoint() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+from tests.helpers import free_endpoint
 
 
 class StubServer:
@@ -24,7 +18,7 @@ class StubServer:
     the messages in arrival order."""
 
     def __init__(self, answer: Callable[[Message], Message], endpoint: str | None = None):
-        self.endpoint = endpoint or _free_endpoint()
+        self.endpoint = endpoint or free_endpoint()
         self.sock = bind_router(zmq.Context.instance(), self.endpoint)
         self.answer, self.received = answer, []
         self._stop = threading.Event()
@@ -42,12 +36,6 @@ class StubServer:
         self._stop.set()
         self._thread.join(timeout=5)
         self.sock.close(linger=0)
-
-
-@pytest.fixture
-def free_endpoint() -> str:
-    """A loopback TCP endpoint nothing listens on (yet)."""
-    return _free_endpoint()
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from actors.env_actor.process import EnvActor
 from actors.env_actor.prompts import ChatTurn
 from actors.env_actor.worker import EnvWorker
 from common.scienceworld import StepResult
+from pipeline.cli import given
 from pipeline.config import load_config
 from protocol.messages import (
     ON_POLICY,
@@ -29,6 +30,7 @@ from protocol.messages import (
     Ping,
     Pong,
 )
+from tests.helpers import free_endpoint
 
 
 def policy_answer(msg):
@@ -72,6 +74,9 @@ class ScriptedEnv:
     def close(self) -> None:
         self.closed = True
 
+    def goal_progress(self) -> str:
+        return f"{self.steps} steps taken"
+
     def train_variations(self, task: str) -> list[int]:
         return [0, 1, 2]
 
@@ -110,21 +115,24 @@ class PlainChat:
 
 
 @pytest.fixture
-def servers(stub_server, free_endpoint):
+def servers(stub_server):
     """(policy server, memory service, a replay buffer endpoint nothing listens on: not asked here)"""
-    return stub_server(policy_answer), stub_server(memory_answer), free_endpoint
+    return stub_server(policy_answer), stub_server(memory_answer), free_endpoint()
 
 
 def _cfg(servers, *extra):
     policy, memory, buffer = servers
-    return load_config(
-        [
-            f"endpoints.policy_servers=[{policy.endpoint}]",
-            f"endpoints.memory_service={memory.endpoint}",
-            f"endpoints.replay_buffer={buffer}",
-            "startup_timeout_s=10",
-            *extra,
-        ]
+    return given(
+        "empo2-env-actor",
+        load_config(
+            [
+                f"endpoints.policy_servers=[{policy.endpoint}]",
+                f"endpoints.memory_service={memory.endpoint}",
+                f"endpoints.replay_buffer={buffer}",
+                "startup_timeout_s=10",
+                *extra,
+            ]
+        ),
     )
 
 
@@ -135,7 +143,7 @@ def _assignment(mode: str, seed: int = 2, task: str = "open-door") -> Assignment
 def test_play_an_assignment_with_tips_at_a_given_temperature_then_report_it(servers):
     policy, memory, _ = servers
     env = ScriptedEnv(turns=2)
-    worker = EnvWorker(_cfg(servers), runner=EpisodeRunner(env, PlainPrompts(), max_steps=5))
+    worker = EnvWorker(**_cfg(servers), runner=EpisodeRunner(env, PlainPrompts(), max_steps=5))
     try:
         worker.wait_ready(buffer=False, memory=True)
         episode = worker.play(_assignment(ON_POLICY_TIPS), temperature=0.4)
@@ -164,7 +172,7 @@ def test_play_an_assignment_with_tips_at_a_given_temperature_then_report_it(serv
 def test_play_without_tips_uses_the_configured_temperature_and_asks_no_memory(servers):
     policy, memory, _ = servers
     worker = EnvWorker(
-        _cfg(servers, "env_actor.temperature=0.7"), runner=EpisodeRunner(ScriptedEnv(1), PlainPrompts(), max_steps=5)
+        **_cfg(servers, "env_actor.temperature=0.7"), runner=EpisodeRunner(ScriptedEnv(1), PlainPrompts(), max_steps=5)
     )
     try:
         episode = worker.play(_assignment(ON_POLICY))
@@ -177,7 +185,7 @@ def test_play_without_tips_uses_the_configured_temperature_and_asks_no_memory(se
 
 
 def test_a_pool_plays_every_assignment_and_returns_them_in_order(servers):
-    pool = EnvActor(_cfg(servers, "env_actor.envs_per_actor=2"))
+    pool = EnvActor(**_cfg(servers, "env_actor.envs_per_actor=2"))
     envs = [ScriptedEnv(turns=1 + slot) for slot in range(len(pool.workers))]
     for worker, env in zip(pool.workers, envs):
         worker.runner = EpisodeRunner(env, PlainPrompts(), max_steps=5)
@@ -235,7 +243,7 @@ def test_success_needs_done_and_a_score_above_70():
 
 
 def test_episode_metrics_count_successes_by_mode(servers):
-    worker = EnvWorker(_cfg(servers), runner=EpisodeRunner(ScriptedEnv(1), PlainPrompts(), max_steps=5))
+    worker = EnvWorker(**_cfg(servers), runner=EpisodeRunner(ScriptedEnv(1), PlainPrompts(), max_steps=5))
     try:
         worker._record(worker.play(_assignment(ON_POLICY)))  # done with 100: a success
     finally:
@@ -248,7 +256,7 @@ def test_episode_metrics_count_successes_by_mode(servers):
 @pytest.mark.parametrize("stop_at_newline, stop", [(True, ["\n"]), (False, [])])
 def test_the_newline_stop_is_a_config_key(servers, stop_at_newline, stop):
     policy, _, _ = servers
-    worker = EnvWorker(_cfg(servers, f"env_actor.stop_at_newline={str(stop_at_newline).lower()}"))
+    worker = EnvWorker(**_cfg(servers, f"env_actor.stop_at_newline={str(stop_at_newline).lower()}"))
     try:
         worker.generate(np.arange(3, dtype=np.int32), seed=1)
     finally:
@@ -296,7 +304,7 @@ def test_a_stopping_actor_returns_its_unfinished_slot(stub_server, servers):
 
     buffer = stub_server(lambda msg: Ack(ref="returned"))
     policy, memory, _ = servers
-    actor = EnvActor(_cfg((policy, memory, buffer.endpoint)))
+    actor = EnvActor(**_cfg((policy, memory, buffer.endpoint)))
     playing = _assignment(ON_POLICY)
     actor.workers[0].playing = playing
     actor.close()
@@ -314,7 +322,7 @@ def test_a_refused_upload_loses_that_episode_only_and_is_counted(stub_server, se
     buffer = stub_server(lambda msg: ErrorReply(reason="slot_filled", detail="slot 0 already holds another episode"))
     policy, memory, _ = servers
     worker = EnvWorker(
-        _cfg((policy, memory, buffer.endpoint)), runner=EpisodeRunner(ScriptedEnv(1), PlainPrompts(), max_steps=5)
+        **_cfg((policy, memory, buffer.endpoint)), runner=EpisodeRunner(ScriptedEnv(1), PlainPrompts(), max_steps=5)
     )
     try:
         episode = worker.play(_assignment(ON_POLICY))
@@ -350,7 +358,7 @@ def test_the_training_loop_reports_episodes_to_memory_only_when_tip_rollouts_can
     policy, memory, _ = servers
     buffer = stub_server(buffer_answer)
     worker = EnvWorker(
-        _cfg((policy, memory, buffer.endpoint), f"replay_buffer.p_memory={p_memory}"),
+        **_cfg((policy, memory, buffer.endpoint), f"replay_buffer.p_memory={p_memory}"),
         runner=EpisodeRunner(ScriptedEnv(1), PlainPrompts(), max_steps=5),
     )
     with pytest.raises(RemoteError):

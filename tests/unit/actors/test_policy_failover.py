@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from actors.env_actor.worker import EnvWorker
+from pipeline.cli import given
 from pipeline.config import load_config
 from protocol.messages import GenerateResponse
 
@@ -40,7 +41,7 @@ def test_requests_fail_over_from_a_hung_server_to_a_live_one(stub_server):
             "env_actor.policy_retry_after_s=60",
         ]
     )
-    worker = EnvWorker(cfg)
+    worker = EnvWorker(**given("empo2-env-actor", cfg))
     try:
         t0 = time.monotonic()
         for seed in range(6):

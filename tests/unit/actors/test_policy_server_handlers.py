@@ -7,12 +7,13 @@ import numpy as np
 
 from actors.policy_server.server import PolicyServer
 from common.server import dispatch
+from pipeline.cli import given
 from pipeline.config import load_config
 from protocol.messages import ErrorReply, MemoryQuery, Ping, Pong
 
 
 def test_ping_and_an_unserved_type_through_the_table(tmp_path):
-    server = PolicyServer(load_config([f"run_dir={tmp_path}"]), 0)
+    server = PolicyServer(**given("empo2-policy-server", load_config([f"run_dir={tmp_path}"])))
     identity = b"client"
     pong = dispatch(server.handlers, Ping(sender="t"), server.metrics, identity)
     assert pong == Pong(role="policy_server", policy_version=-1, ready=False)  # no engine yet
@@ -49,7 +50,7 @@ def test_a_dead_engine_stops_the_server_and_a_failed_request_does_not(tmp_path):
     from protocol.messages import GenerateRequest
 
     async def scenario(engine) -> tuple[PolicyServer, list, bool]:
-        server = PolicyServer(load_config([f"run_dir={tmp_path}"]), 0)
+        server = PolicyServer(**given("empo2-policy-server", load_config([f"run_dir={tmp_path}"])))
         server.engine, sent = engine, []
 
         async def send(identity, msg):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from actors.env_actor.worker import ServerChooser
-from pipeline.config import ConfigError, load_config
+from common.config import ConfigError
+from pipeline.config import load_config
 
 
 def test_least_loaded_prefers_the_server_with_fewest_requests_in_flight():

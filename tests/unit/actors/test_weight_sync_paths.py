@@ -5,29 +5,25 @@ for vLLM's AsyncLLM: the version gate and the retry loop are what is tested here
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 from dataclasses import asdict
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 import zmq
 
 from actors.policy_server.config import PolicyServerConfig
 from actors.policy_server.engine import PolicyEngine, check_weight_sync
+from common.config import ConfigError, WeightSyncConfig
 from learner.weight_push import WeightPusher, ZmqWeightSyncClient
-from pipeline.config import ConfigError, WeightSyncConfig, load_config
+from pipeline.config import load_config
 from protocol import Client, bind_router, recv_request, send_reply
-from protocol.messages import NcclTransferInit, NcclTransferUpdate, WeightUpdateAck
+from protocol.messages import GenerateRequest, NcclTransferInit, NcclTransferUpdate, WeightUpdateAck
+from tests.helpers import free_endpoint
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on hosts without a GPU")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @no_gpu
@@ -52,7 +48,7 @@ def test_nccl_control_plane_carries_vllm_payloads():
     from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo, worker_init_payload
     from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo
 
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    endpoint = free_endpoint()
     ctx = zmq.Context.instance()
     server = bind_router(ctx, endpoint)
     received = []
@@ -127,8 +123,14 @@ def _engine(on_update: str, ticks: int) -> PolicyEngine:
     return PolicyEngine("base-model", cfg, seed=0, weight_sync="zmq", engine=_SlowEngine(ticks))
 
 
+def _request(prompt: list[int]) -> GenerateRequest:
+    return GenerateRequest(
+        request_id="r1", prompt_token_ids=np.asarray(prompt, dtype=np.int32), max_tokens=4, temperature=1.0, seed=0
+    )
+
+
 async def _generate_during_update(engine: PolicyEngine):
-    generation = asyncio.create_task(engine.generate("r1", [1, 2], 4, 1.0, 1.0, 0, []))
+    generation = asyncio.create_task(engine.generate(_request([1, 2])))
     await asyncio.sleep(0.05)  # the generation is in flight
     update_done = asyncio.create_task(engine.load_weights("/dev/shm/w.safetensors", 1))
     completion = await generation
@@ -151,7 +153,7 @@ def test_cancelled_request_is_not_retried():
     engine = _engine("abort", ticks=100)
 
     async def run():
-        generation = asyncio.create_task(engine.generate("r1", [1], 4, 1.0, 1.0, 0, []))
+        generation = asyncio.create_task(engine.generate(_request([1])))
         await asyncio.sleep(0.05)
         generation.cancel()  # e.g. the server shutting down: propagates, no retry
         with pytest.raises(asyncio.CancelledError):

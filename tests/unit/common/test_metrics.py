@@ -4,12 +4,12 @@ keeps their names whatever format the scraper asks for."""
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, generate_latest
 
 from common.metrics import PolicyServerMetrics, serve_metrics
+from tests.helpers import free_port
 
 
 def test_vllm_engine_metrics_are_on_the_policy_server_registry():
@@ -31,9 +31,7 @@ def test_the_page_is_text_with_colon_names_even_when_openmetrics_is_asked_for():
     `vllm:x_total` as `vllm_x_total`: the page is the text format for every scraper."""
     registry = CollectorRegistry()
     Counter("vllm:generation_tokens", "Generated tokens", registry=registry).inc(5)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = serve_metrics(registry, "127.0.0.1", port)
     try:
         accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"  # Prometheus 2.42's

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.helpers import REPO
 
 SUPERVISOR = """
 import time

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from common.config import ConfigError, MetricsConfig
 from common.metrics import exported_families, exported_sample_names
 from deploy.monitoring.make_dashboard import NOT_ON_DASHBOARD, dashboard, uncovered
-from pipeline.cli import COMMANDS
-from pipeline.config import ConfigError, MetricsConfig, load_config
+from pipeline.config import load_config
+from pipeline.roles import ROLES
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 
@@ -93,7 +94,7 @@ def test_each_unit_starts_an_installed_entry_point_with_arguments_load_config_ac
         assert binary == f"/opt/empo2/.venv/bin/{command}", unit.name  # install.sh rewrites the prefix
         entry = installed.get(command, "")
         assert f'{command} = "{entry}"' in pyproject, f"{unit.name}: {command} is not an installed [project.scripts]"
-        assert entry.startswith("pipeline.cli:") and command in COMMANDS  # it loads the config first
+        assert entry.startswith("pipeline.cli:") and command in ROLES  # it loads the config first
         args = [a for a in args if a != "$EMPO2_ARGS"] + _env_file_args()
         # an instance, as `systemctl start empo2-env-actor@3`; the example env file lists one policy server
         instance = 0 if "policy-server" in unit.name else 3

@@ -13,10 +13,11 @@ import time
 
 import pytest
 
-from deploy.launch import Launcher, RoleSpec
+from deploy.launch import Launcher
 from deploy.monitor import scrape
 from deploy.run_state import TARGETS_FILE, kill_role, read_state, wait_for_role
 from pipeline.config import load_config
+from pipeline.roles import RoleSpec
 
 STUB = "tests.unit.deploy.role_stub"
 BASE = 31100  # metrics.base_port of these tests: the launcher serves on 31202
@@ -55,8 +56,8 @@ def started():
 
 def test_a_crashed_role_is_restarted_and_the_learner_exit_ends_the_run(tmp_path, started):
     roles = [
-        RoleSpec("replay_buffer", [STUB, f"flaky:{tmp_path / 'crashed'}:7"], "replay_buffer", 0),
-        RoleSpec("learner", [STUB, f"done-after:{tmp_path / 'learner-ran'}"], "learner", 0, ends_run=True),
+        RoleSpec("replay_buffer", [STUB], "replay_buffer", 0, args=(f"flaky:{tmp_path / 'crashed'}:7",)),
+        RoleSpec("learner", [STUB], "learner", 0, ends_run=True, args=(f"done-after:{tmp_path / 'learner-ran'}",)),
     ]
     launcher = _launcher(tmp_path, roles)
     started(launcher)
@@ -84,8 +85,8 @@ def test_a_crashed_role_is_restarted_and_the_learner_exit_ends_the_run(tmp_path,
 
 def test_a_role_past_its_restart_budget_stops_the_run(tmp_path, started, capsys):
     roles = [
-        RoleSpec("env_actor0", [STUB, "exit:3"], "env_actor", 0),
-        RoleSpec("learner", [STUB, "sleep"], "learner", 0),
+        RoleSpec("env_actor0", [STUB], "env_actor", 0, args=("exit:3",)),
+        RoleSpec("learner", [STUB], "learner", 0, args=("sleep",)),
     ]
     launcher = _launcher(tmp_path, roles, "launch.restart_budget=2", "launch.backoff_max_s=0.4")
     started(launcher)
@@ -98,7 +99,7 @@ def test_a_role_past_its_restart_budget_stops_the_run(tmp_path, started, capsys)
 
 
 def test_the_scrape_targets_follow_the_processes(tmp_path, started):
-    roles = [RoleSpec(f"env_actor{j}", [STUB, "sleep"], "env_actor", j) for j in range(2)]
+    roles = [RoleSpec(f"env_actor{j}", [STUB], "env_actor", j, args=("sleep",)) for j in range(2)]
     launcher = _launcher(tmp_path, roles)
     started(launcher)
     launcher.start()
@@ -124,9 +125,9 @@ def test_attach_grows_and_shrinks_the_env_actors_of_a_running_launcher(tmp_path,
     import deploy.launch
 
     monkeypatch.setattr(
-        deploy.launch, "env_actor_spec", lambda j: RoleSpec(f"env_actor{j}", [STUB, "sleep"], "env_actor", j)
+        deploy.launch, "env_actor_spec", lambda j: RoleSpec(f"env_actor{j}", [STUB], "env_actor", j, args=("sleep",))
     )
-    roles = [deploy.launch.env_actor_spec(0), RoleSpec("learner", [STUB, "sleep"], "learner", 0)]
+    roles = [deploy.launch.env_actor_spec(0), RoleSpec("learner", [STUB], "learner", 0, args=("sleep",))]
     launcher = _launcher(tmp_path, roles)
     started(launcher)
     launcher.start()
@@ -141,14 +142,14 @@ def test_attach_grows_and_shrinks_the_env_actors_of_a_running_launcher(tmp_path,
     loop = threading.Thread(target=supervise)
     loop.start()
     try:
-        assert deploy.launch.main(["--attach", str(tmp_path), "launch.num_env_actors=3"]) == 0
+        assert deploy.launch.attach_main([str(tmp_path), "launch.num_env_actors=3"]) == 0
         roles = read_state(tmp_path)["roles"]
         assert sorted(n for n in roles if n.startswith("env_actor")) == ["env_actor0", "env_actor1", "env_actor2"]
         targets = {t["labels"].get("role") for t in json.loads((tmp_path / TARGETS_FILE).read_text())}
         assert {"env_actor1", "env_actor2"} <= targets
         pids = {n: r["pid"] for n, r in roles.items()}
 
-        assert deploy.launch.main(["--attach", str(tmp_path), "launch.num_env_actors=1"]) == 0
+        assert deploy.launch.attach_main([str(tmp_path), "launch.num_env_actors=1"]) == 0
         roles = read_state(tmp_path)["roles"]
         assert sorted(roles) == ["env_actor0", "learner"] and roles["env_actor0"]["pid"] == pids["env_actor0"]
         for gone in ("env_actor1", "env_actor2"):
@@ -161,18 +162,18 @@ def test_attach_grows_and_shrinks_the_env_actors_of_a_running_launcher(tmp_path,
     assert launcher.restarts() == {"env_actor0": 0, "learner": 0}  # scaling is not a crash
     out = capsys.readouterr().out
     assert "scaling up: started env_actor2" in out and "env_actor2 stopped (exit status -15): scaled down" in out
-    assert deploy.launch.main(["--attach", str(tmp_path), "launch.num_env_actors=0"]) == 2  # refused at load
-    assert deploy.launch.main(["--attach", str(tmp_path / "nothing"), "launch.num_env_actors=2"]) == 2
+    assert deploy.launch.attach_main([str(tmp_path), "launch.num_env_actors=0"]) == 2  # refused at load
+    assert deploy.launch.attach_main([str(tmp_path / "nothing"), "launch.num_env_actors=2"]) == 2
 
 
 @pytest.mark.parametrize("configured", ["", "s3cret"])
 def test_a_run_without_a_configured_learner_token_gives_its_buffer_and_learner_one_of_their_own(
     tmp_path, started, configured
 ):
-    """Only the buffer and the learner get the run's random token, in their environment (pipeline/cli.py
+    """Only the roles the table marks (the buffer and the learner) get the run's random token, in their environment (pipeline/cli.py
     reads it into security.learner_token); a configured token is the config's, handed to nobody."""
     names = ("replay_buffer", "learner", "env_actor")
-    roles = [RoleSpec(n, [STUB, f"token:{tmp_path / n}"], n, 0) for n in names]
+    roles = [RoleSpec(n, [STUB], n, 0, args=(f"token:{tmp_path / n}",), learner_token=n != "env_actor") for n in names]
     launcher = _launcher(tmp_path, roles, f"security.learner_token={configured}")
     started(launcher)
     launcher.start()

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from deploy.launch import role_commands
+from common.config import ConfigError
 from evaluation.periodic import due_checkpoint, eval_overrides
-from pipeline.config import ConfigError, load_config, validate
+from pipeline.config import load_config, validate
+from pipeline.roles import run_roles
 
 
 def _cfg(tmp_path, *extra):
@@ -45,9 +46,9 @@ def test_the_child_evaluation_scores_the_subset_on_its_own_server(tmp_path):
 
 
 def test_the_launcher_starts_the_evaluator_before_the_learner_only_when_asked(tmp_path):
-    names = [spec.name for spec in role_commands(_cfg(tmp_path))]
+    names = [spec.name for spec in run_roles(_cfg(tmp_path))]
     assert names[-2:] == ["evaluator", "learner"]
-    assert "evaluator" not in [spec.name for spec in role_commands(load_config([f"run_dir={tmp_path}"]))]
+    assert "evaluator" not in [spec.name for spec in run_roles(load_config([f"run_dir={tmp_path}"]))]
 
 
 def test_validation_of_the_periodic_evaluation(tmp_path):

@@ -1,7 +1,7 @@
 """The architecture as imports: roles meet only through protocol/ (the wire) and common/ (process
-helpers); pipeline/ is the composition root that every role's main loads its config from;
-evaluation/ and deploy/ drive the roles through their public entry points; common/ imports no
-role and protocol/ imports nothing of ours."""
+helpers and the shared config sections); no role imports pipeline/, which composes the configuration
+and hands each role its sections and the run's facts; evaluation/ and deploy/ drive the roles
+through their public entry points; common/ imports no role and protocol/ imports nothing of ours."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[3]
 ROLES = ("actors", "learner", "memory_service", "replay_buffer")
 OURS = (*ROLES, "common", "deploy", "evaluation", "pipeline", "protocol")
 ALLOWED = {
-    **{role: {role, "protocol", "common", "pipeline"} for role in ROLES},
+    **{role: {role, "protocol", "common"} for role in ROLES},
     "protocol": {"protocol"},
     "common": {"common", "protocol"},
     # the composition root: each role's config section
@@ -23,6 +23,7 @@ ALLOWED = {
         "common",
         "protocol",
         *(f"{role}.config" for role in ROLES),
+        "deploy",  # the launcher's --attach
         "deploy.config",
         "evaluation.config",
     },
@@ -42,7 +43,10 @@ def first_party_imports(path: Path) -> set[str]:
         for name in names:
             top, _, rest = name.partition(".")
             if top in OURS:
-                is_config = rest.split(".")[-1] == "config" and top != "pipeline"  # actors.env_actor.config too
+                is_config = rest.split(".")[-1] == "config" and top in ROLES + (
+                    "deploy",
+                    "evaluation",
+                )  # actors.env_actor.config too
                 found.add(f"{top}.config" if is_config else top)
     return found
 
@@ -65,3 +69,33 @@ def test_the_check_sees_a_forbidden_import(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from actors.env_actor import EnvActor\n    import learner.config\n")
     assert first_party_imports(module) == {"actors", "learner.config"}
+
+
+def imported_packages(path: Path) -> set[str]:
+    """The top-level packages a module imports, ours or not (any depth, as first_party_imports)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+# tests/ and benchmarks/ use the project, never each other: what both need (fuzzing, the lockstep
+# audit, a run harness) lives in the project; only the tests of benchmark code import benchmarks/
+@pytest.mark.parametrize(("importer", "forbidden"), [("benchmarks", "tests"), ("tests", "benchmarks")])
+def test_tests_and_benchmarks_do_not_import_each_other(importer, forbidden):
+    benchmark_tests = REPO / "tests" / "unit" / "benchmarks"
+    offending = [
+        str(path.relative_to(REPO))
+        for path in sorted((REPO / importer).rglob("*.py"))
+        if benchmark_tests not in path.parents and forbidden in imported_packages(path)
+    ]
+    assert not offending, f"{importer}/ modules that import {forbidden}/: {offending}"
+
+
+def test_the_check_sees_a_late_import_of_the_tests(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import numpy as np\n\ndef f():\n    from tests.factories import Turn\n")
+    assert imported_packages(module) == {"numpy", "tests"}

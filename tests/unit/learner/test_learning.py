@@ -15,13 +15,13 @@ from transformers import LlamaForCausalLM
 
 from learner.advantages import CountBonus
 from learner.config import LearnerConfig
-from learner.policy_model import response_logprobs
 from learner.rnd import RNDBonus
 from learner.samples import GiGPO, build_samples
 from learner.step import train_step
 from pipeline.config import load_config
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory
 from tests.factories import Turn, tiny_llama, trajectory
+from tests.helpers import logprobs
 
 PROMPT = np.array([5, 6, 7, 8], dtype=np.int32)
 TIP = np.array([20, 21, 22], dtype=np.int32)  # a "tip block" inserted after token 2
@@ -32,19 +32,12 @@ def _model() -> LlamaForCausalLM:
     return tiny_llama(32, num_attention_heads=2, max_position_embeddings=64)
 
 
-def _logp(model, prompt: np.ndarray, action: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return response_logprobs(
-            model, torch.from_numpy(prompt.astype(np.int64)), torch.from_numpy(action.astype(np.int64))
-        ).numpy()
-
-
 def _episode(model, mode: str, action: np.ndarray, score: float, slot: int, version: int) -> Trajectory:
     with_tips = mode != ON_POLICY
     prompt = np.concatenate([PROMPT[:2], TIP, PROMPT[2:]]) if with_tips else PROMPT
     spans = [(2, 2 + len(TIP))] if with_tips else []
     return trajectory(
-        [Turn(prompt=prompt, response=action, logprobs=_logp(model, prompt, action), tip_spans=spans)],
+        [Turn(prompt=prompt, response=action, logprobs=logprobs(model, prompt, action), tip_spans=spans)],
         mode=mode,
         score=score,
         group_id=f"g{version}",
@@ -80,7 +73,7 @@ def test_rewarded_action_becomes_more_likely(preset, mode):
     intrinsic = RNDBonus(cfg, run.seed) if cfg.intrinsic_kind == "rnd" else CountBonus(cfg.intrinsic_coef)
     model = _model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    before = float(np.exp(_logp(model, PROMPT, GOOD))[0])  # evaluated WITHOUT tips, as EMPO2 is
+    before = float(np.exp(logprobs(model, PROMPT, GOOD))[0])  # evaluated WITHOUT tips, as EMPO2 is
     for version in range(4):
         group = [
             _episode(model, mode, GOOD, 100.0, 0, version),
@@ -91,9 +84,9 @@ def test_rewarded_action_becomes_more_likely(preset, mode):
         samples = build_samples(group, cfg.score_scale, intrinsic, cfg.adv_eps, gigpo)
         stats = train_step(model, optimizer, samples, cfg, version)
         assert stats.tokens == 4
-    after = float(np.exp(_logp(model, PROMPT, GOOD))[0])
+    after = float(np.exp(logprobs(model, PROMPT, GOOD))[0])
     assert after > before * 1.5, (before, after)
-    assert float(np.exp(_logp(model, PROMPT, BAD))[0]) < after
+    assert float(np.exp(logprobs(model, PROMPT, BAD))[0]) < after
 
 
 def test_entropy_and_kl_options_enter_the_step():

@@ -15,9 +15,9 @@ import torch
 import learner.step as step_mod
 from learner.config import LearnerConfig
 from learner.loss import ClipConfig, clipped_policy_loss, low_probability_mask
-from learner.policy_model import response_logprobs
 from learner.samples import TurnSample
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
+from tests.helpers import logprobs
 
 CLIP = ClipConfig(clip_low=0.2, clip_high=0.3, dual_clip=10.0)
 
@@ -223,14 +223,6 @@ def _sgd(model):
     return torch.optim.SGD(model.parameters(), lr=0.0)
 
 
-def _logp(model, prompt, response) -> np.ndarray:
-    with torch.no_grad():
-        out = response_logprobs(
-            model, torch.from_numpy(prompt.astype(np.int64)), torch.from_numpy(response.astype(np.int64))
-        )
-    return out.numpy().astype(np.float32)
-
-
 def _prompt_with_tips():
     base = np.array([1, 2, 3, 4, 5, 6], dtype=np.int32)
     with_tips = np.concatenate([base[:4], TIP, base[4:]]).astype(np.int32)
@@ -254,7 +246,7 @@ def _expected_loss(model, scored):
     """Token mean of clipped_policy_loss over (prompt, sample) pairs: the independent reference."""
     total, tokens = 0.0, 0
     for prompt, s in scored:
-        logp = torch.from_numpy(_logp(model, prompt, s.response))
+        logp = torch.from_numpy(logprobs(model, prompt, s.response))
         adv = torch.full_like(logp, s.advantage)
         loss, _ = clipped_policy_loss(logp, torch.from_numpy(s.behaviour_logp), adv, CLIP)
         total += float(loss.sum())
@@ -284,7 +276,7 @@ def _cfg(**kw):
 def test_off_policy_sample_scores_tipfree_prompt_against_tip_behaviour(tiny_model, recorder):
     base, with_tips = _prompt_with_tips()
     response = np.array([7, 8, 9], dtype=np.int32)
-    behaviour = _logp(tiny_model, with_tips, response)  # the server sampled with tips in the prompt
+    behaviour = logprobs(tiny_model, with_tips, response)  # the server sampled with tips in the prompt
     s = _sample(base, base, response, behaviour, 1.0, OFF_POLICY, 3, True)
     expected, _ = _expected_loss(tiny_model, [(base, s)])
     # had the learner scored the prompt with tips, r = 1 on every token and the loss would be -1
@@ -304,7 +296,7 @@ def test_off_policy_sample_scores_tipfree_prompt_against_tip_behaviour(tiny_mode
 def test_on_policy_tips_sample_scores_full_prompt_with_tips(tiny_model, recorder):
     base, with_tips = _prompt_with_tips()
     response = np.array([10, 11], dtype=np.int32)
-    true = _logp(tiny_model, with_tips, response)
+    true = logprobs(tiny_model, with_tips, response)
     behaviour = true - np.float32(0.1)  # r = exp(0.1) = 1.105 on each token: inside the clip range
     s = _sample(with_tips, base, response, behaviour, 2.0, ON_POLICY_TIPS, 5, True)
     expected, _ = _expected_loss(tiny_model, [(with_tips, s)])
@@ -327,9 +319,9 @@ def test_on_policy_tips_sample_scores_full_prompt_with_tips(tiny_model, recorder
 def test_the_paper_mask_judges_the_update_pass_so_no_tipfree_pass_runs(tiny_model, recorder):
     base, with_tips = _prompt_with_tips()
     response = np.array([10, 11], dtype=np.int32)
-    s = _sample(with_tips, base, response, _logp(tiny_model, with_tips, response), 2.0, ON_POLICY_TIPS, 5, True)
-    with_tips_min = float(_logp(tiny_model, with_tips, response).min())
-    tipfree_min = float(_logp(tiny_model, base, response).min())
+    s = _sample(with_tips, base, response, logprobs(tiny_model, with_tips, response), 2.0, ON_POLICY_TIPS, 5, True)
+    with_tips_min = float(logprobs(tiny_model, with_tips, response).min())
+    tipfree_min = float(logprobs(tiny_model, base, response).min())
     assert _cfg().low_prob_mask == "paper"  # the default
 
     stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(), version=5)
@@ -351,7 +343,7 @@ def test_the_paper_mask_judges_the_update_pass_so_no_tipfree_pass_runs(tiny_mode
 def test_on_policy_sample_scores_its_prompt_once(tiny_model, recorder):
     base, _ = _prompt_with_tips()
     response = np.array([12, 13, 14, 15], dtype=np.int32)
-    behaviour = _logp(tiny_model, base, response)
+    behaviour = logprobs(tiny_model, base, response)
     s = _sample(base, base, response, behaviour, -1.0, ON_POLICY, 0, False)
 
     stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(), version=0)
@@ -367,13 +359,13 @@ def test_on_policy_sample_scores_its_prompt_once(tiny_model, recorder):
 def test_low_probability_mask_drops_tip_samples_and_loss_is_token_mean_of_kept(tiny_model):
     base, with_tips = _prompt_with_tips()
     r_on, r_tips, r_off = (np.array(x, dtype=np.int32) for x in ([7, 8], [9, 10, 11], [12, 13, 14, 15]))
-    on = _sample(base, base, r_on, _logp(tiny_model, base, r_on) + np.float32(0.05), 1.5, ON_POLICY, 2, False)
-    tips = _sample(with_tips, base, r_tips, _logp(tiny_model, with_tips, r_tips), -0.7, ON_POLICY_TIPS, 2, True)
-    off = _sample(base, base, r_off, _logp(tiny_model, with_tips, r_off), 0.4, OFF_POLICY, 1, True)
+    on = _sample(base, base, r_on, logprobs(tiny_model, base, r_on) + np.float32(0.05), 1.5, ON_POLICY, 2, False)
+    tips = _sample(with_tips, base, r_tips, logprobs(tiny_model, with_tips, r_tips), -0.7, ON_POLICY_TIPS, 2, True)
+    off = _sample(base, base, r_off, logprobs(tiny_model, with_tips, r_off), 0.4, OFF_POLICY, 1, True)
     samples = [on, tips, off]
     # any real log-prob is below -0.01: every tip sample is dropped, the no-tip one is kept
     cfg = _cfg(low_prob_threshold=-0.01, low_prob_mask="tip_rollouts")
-    assert float(_logp(tiny_model, base, r_tips).min()) < -0.01
+    assert float(logprobs(tiny_model, base, r_tips).min()) < -0.01
     expected, tokens = _expected_loss(tiny_model, [(base, on)])
     assert tokens == 2
 
@@ -390,9 +382,9 @@ def test_low_probability_mask_drops_tip_samples_and_loss_is_token_mean_of_kept(t
 def test_loss_is_token_mean_over_all_kept_samples(tiny_model):
     base, with_tips = _prompt_with_tips()
     r_on, r_tips, r_off = (np.array(x, dtype=np.int32) for x in ([7, 8], [9, 10, 11], [12, 13, 14, 15]))
-    on = _sample(base, base, r_on, _logp(tiny_model, base, r_on) + np.float32(0.05), 1.5, ON_POLICY, 2, False)
-    tips = _sample(with_tips, base, r_tips, _logp(tiny_model, with_tips, r_tips), -0.7, ON_POLICY_TIPS, 2, True)
-    off = _sample(base, base, r_off, _logp(tiny_model, with_tips, r_off), 0.4, OFF_POLICY, 1, True)
+    on = _sample(base, base, r_on, logprobs(tiny_model, base, r_on) + np.float32(0.05), 1.5, ON_POLICY, 2, False)
+    tips = _sample(with_tips, base, r_tips, logprobs(tiny_model, with_tips, r_tips), -0.7, ON_POLICY_TIPS, 2, True)
+    off = _sample(base, base, r_off, logprobs(tiny_model, with_tips, r_off), 0.4, OFF_POLICY, 1, True)
     expected, tokens = _expected_loss(tiny_model, [(base, on), (with_tips, tips), (base, off)])
     assert tokens == 9
     # a per-sample mean would weight the samples equally instead: it must differ here
@@ -414,15 +406,17 @@ def test_logprob_mismatch_only_from_same_version_same_prompt_samples(tiny_model)
     r1, r2, r3, r4 = (np.array(x, dtype=np.int32) for x in ([7, 8, 9], [10, 11], [12, 13], [14, 15, 16]))
     version = 4
     # counted: on-policy, current version, behaviour = true + 0.5
-    on = _sample(base, base, r1, _logp(tiny_model, base, r1) + np.float32(0.5), 0.5, ON_POLICY, version, False)
+    on = _sample(base, base, r1, logprobs(tiny_model, base, r1) + np.float32(0.5), 0.5, ON_POLICY, version, False)
     # counted: on-policy with tips (update prompt == behaviour prompt), behaviour = true - 0.5
     tips = _sample(
-        with_tips, base, r2, _logp(tiny_model, with_tips, r2) - np.float32(0.5), 0.5, ON_POLICY_TIPS, version, True
+        with_tips, base, r2, logprobs(tiny_model, with_tips, r2) - np.float32(0.5), 0.5, ON_POLICY_TIPS, version, True
     )
     # not counted: off-policy with tips (learner scores another prompt), offset 2.0
-    off = _sample(base, base, r3, _logp(tiny_model, base, r3) + np.float32(2.0), 0.5, OFF_POLICY, version, True)
+    off = _sample(base, base, r3, logprobs(tiny_model, base, r3) + np.float32(2.0), 0.5, OFF_POLICY, version, True)
     # not counted: an older version, offset 3.0
-    stale = _sample(base, base, r4, _logp(tiny_model, base, r4) + np.float32(3.0), 0.5, ON_POLICY, version - 1, False)
+    stale = _sample(
+        base, base, r4, logprobs(tiny_model, base, r4) + np.float32(3.0), 0.5, ON_POLICY, version - 1, False
+    )
 
     stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [on, tips, off, stale], _cfg(), version=version)
 
@@ -435,7 +429,7 @@ def test_off_policy_turn_without_tips_counts_for_mismatch(tiny_model):
     # off-policy mode but retrieval returned nothing: the update prompt is the behaviour prompt
     base, _ = _prompt_with_tips()
     r = np.array([7, 8], dtype=np.int32)
-    s = _sample(base, base, r, _logp(tiny_model, base, r) + np.float32(0.25), 1.0, OFF_POLICY, 1, False)
+    s = _sample(base, base, r, logprobs(tiny_model, base, r) + np.float32(0.25), 1.0, OFF_POLICY, 1, False)
     cfg = _cfg(low_prob_threshold=-0.01, low_prob_mask="tip_rollouts")
     stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], cfg, version=1)
     assert stats.samples_masked == 0  # no tips: never masked (by the tip_rollouts rule)

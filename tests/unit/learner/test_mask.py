@@ -17,11 +17,11 @@ from transformers import LlamaForCausalLM
 
 from learner.config import LearnerConfig
 from learner.loss import mask_subject
-from learner.policy_model import response_logprobs
 from learner.samples import TurnSample
 from learner.step import train_step
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
 from tests.factories import tiny_llama
+from tests.helpers import logprobs
 
 VOCAB = 64
 BASE = np.array([1, 2, 3, 4, 5, 6], np.int32)
@@ -55,22 +55,15 @@ def model() -> LlamaForCausalLM:
     ).eval()
 
 
-def _logp(model, prompt, response) -> np.ndarray:
-    with torch.no_grad():
-        return response_logprobs(
-            model, torch.from_numpy(prompt.astype(np.int64)), torch.from_numpy(response.astype(np.int64))
-        ).numpy()
-
-
 def _three_modes(model) -> dict[str, TurnSample]:
     """One sample per mode, each with its own response; behaviour = the log-probs the server had."""
     r_on, r_tips, r_off = (np.array(x, np.int32) for x in ([7, 8], [9, 10, 11], [12, 13, 14, 15]))
     return {
-        ON_POLICY: TurnSample(BASE, BASE, r_on, _logp(model, BASE, r_on), 1.0, ON_POLICY, 0, False),
+        ON_POLICY: TurnSample(BASE, BASE, r_on, logprobs(model, BASE, r_on), 1.0, ON_POLICY, 0, False),
         ON_POLICY_TIPS: TurnSample(
-            WITH_TIPS, BASE, r_tips, _logp(model, WITH_TIPS, r_tips), -0.5, ON_POLICY_TIPS, 0, True
+            WITH_TIPS, BASE, r_tips, logprobs(model, WITH_TIPS, r_tips), -0.5, ON_POLICY_TIPS, 0, True
         ),
-        OFF_POLICY: TurnSample(BASE, BASE, r_off, _logp(model, WITH_TIPS, r_off), 0.5, OFF_POLICY, 0, True),
+        OFF_POLICY: TurnSample(BASE, BASE, r_off, logprobs(model, WITH_TIPS, r_off), 0.5, OFF_POLICY, 0, True),
     }
 
 
@@ -81,10 +74,10 @@ def _cfg(rule: str, threshold: float) -> LearnerConfig:
 def test_mask_decisions_per_mode_under_both_rules(model):
     samples = _three_modes(model)
     # the minimum response log-prob of each sample on each prompt (an independent scorer)
-    on = float(_logp(model, BASE, samples[ON_POLICY].response).min())
-    tips_with = float(_logp(model, WITH_TIPS, samples[ON_POLICY_TIPS].response).min())  # its update prompt
-    tips_free = float(_logp(model, BASE, samples[ON_POLICY_TIPS].response).min())  # its tip-free prompt
-    off = float(_logp(model, BASE, samples[OFF_POLICY].response).min())  # update prompt = tip-free
+    on = float(logprobs(model, BASE, samples[ON_POLICY].response).min())
+    tips_with = float(logprobs(model, WITH_TIPS, samples[ON_POLICY_TIPS].response).min())  # its update prompt
+    tips_free = float(logprobs(model, BASE, samples[ON_POLICY_TIPS].response).min())  # its tip-free prompt
+    off = float(logprobs(model, BASE, samples[OFF_POLICY].response).min())  # update prompt = tip-free
     assert tips_with != tips_free  # the two rules judge the with-tips sample on different log-probs
     values = sorted({on, tips_with, tips_free, off})
     thresholds = [values[0] - 1.0] + [(a + b) / 2 for a, b in zip(values, values[1:])] + [values[-1] + 1.0]
@@ -135,13 +128,13 @@ def test_masked_samples_contribute_no_gradient(model, rule):
     samples = _three_modes(model)
     # the minimum each rule judges each sample on (on-policy: not judged by tip_rollouts)
     judged = {
-        OFF_POLICY: float(_logp(model, BASE, samples[OFF_POLICY].response).min()),
+        OFF_POLICY: float(logprobs(model, BASE, samples[OFF_POLICY].response).min()),
         ON_POLICY_TIPS: float(
-            _logp(model, WITH_TIPS if rule == "paper" else BASE, samples[ON_POLICY_TIPS].response).min()
+            logprobs(model, WITH_TIPS if rule == "paper" else BASE, samples[ON_POLICY_TIPS].response).min()
         ),
     }
     if rule == "paper":
-        judged[ON_POLICY] = float(_logp(model, BASE, samples[ON_POLICY].response).min())
+        judged[ON_POLICY] = float(logprobs(model, BASE, samples[ON_POLICY].response).min())
     # a threshold between the lowest judged minimum and the next: that sample alone is dropped
     (dropped, lowest), (_, second) = sorted(judged.items(), key=lambda kv: kv[1])[:2]
     assert lowest < second

@@ -15,11 +15,11 @@ from transformers import LlamaForCausalLM
 
 import learner.step as step_mod
 from learner.config import LearnerConfig
-from learner.policy_model import response_logprobs
 from learner.samples import TurnSample
 from learner.step import mini_batch_plan, rank_rows, train_step
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
 from tests.factories import tiny_llama
+from tests.helpers import logprobs
 
 VOCAB = 48
 
@@ -65,13 +65,6 @@ def _model() -> LlamaForCausalLM:
     return tiny_llama(VOCAB, seed=7, initializer_range=0.2)
 
 
-def _logp(model, prompt: np.ndarray, response: np.ndarray) -> torch.Tensor:
-    with torch.no_grad():
-        return response_logprobs(
-            model, torch.from_numpy(prompt.astype(np.int64)), torch.from_numpy(response.astype(np.int64))
-        )
-
-
 def _samples(model, n: int = 12) -> list[TurnSample]:
     """n samples of the three modes; behaviour = the model's own log-probs on the update prompt, so
     that the ratio is 1 (nothing clipped) until the weights move."""
@@ -83,7 +76,7 @@ def _samples(model, n: int = 12) -> list[TurnSample]:
         tipfree = prompt[: max(2, len(prompt) - 3)]
         update = tipfree if mode == OFF_POLICY else prompt
         response = rng.integers(0, VOCAB, rng.integers(1, 5)).astype(np.int32)
-        behaviour = _logp(model, update, response).numpy().astype(np.float32)
+        behaviour = logprobs(model, update, response)
         out.append(
             TurnSample(
                 update,
@@ -167,7 +160,7 @@ def test_the_clip_fraction_is_non_zero_from_the_second_mini_batch():
 def test_with_decoupled_ppo_the_proximal_policy_is_the_one_before_the_batch(monkeypatch):
     base = _model()
     samples = _samples(base)
-    before = [_logp(base, s.update_prompt, s.response) for s in samples]  # the pre-batch policy
+    before = [torch.from_numpy(logprobs(base, s.update_prompt, s.response)) for s in samples]  # the pre-batch policy
     calls = []
     real = step_mod.clipped_policy_loss
 

@@ -5,7 +5,6 @@ sockets against a stub server that stops answering for a while."""
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 
@@ -16,15 +15,14 @@ import zmq
 from learner.weight_push import PushStalled, build_chunks, push_weight_file, push_weights
 from protocol import Client, bind_router, recv_request, send_reply
 from protocol.messages import WeightChunk, WeightUpdateAck
+from tests.helpers import free_endpoint
 
 
 class StallingServer:
     """Answers weight updates; the first `stall` requests get no answer in time (hung)."""
 
     def __init__(self, stall: int):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        self.endpoint = free_endpoint()
         self.sock = bind_router(zmq.Context.instance(), self.endpoint)
         self.stall, self.received, self._stop = stall, [], threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)

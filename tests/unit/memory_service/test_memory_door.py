@@ -13,6 +13,7 @@ import pytest
 from common.server import dispatch
 from memory_service.service import MemoryService, report_bytes
 from memory_service.store import Entry, MemoryStore
+from pipeline.cli import given
 from pipeline.config import load_config
 from protocol.codec import decode, encode
 from protocol.messages import Ack, EpisodeReport, ErrorReply, MemoryQuery, MemoryResult, Wait
@@ -22,7 +23,7 @@ from protocol.messages import Ack, EpisodeReport, ErrorReply, MemoryQuery, Memor
 def service(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("memory")
     cfg = load_config([f"run_dir={run_dir}", "replay_buffer.tasks=[boil]", "tta.tasks=[melt]"])
-    service = MemoryService(cfg)
+    service = MemoryService(**given("empo2-memory-service", cfg))
     yield service
     service.close()
 
@@ -59,7 +60,7 @@ def test_the_run_s_tasks_are_served(service):
 
 def test_a_full_reflection_queue_answers_wait(service, monkeypatch):
     report = EpisodeReport("e", "boil", 0, "boil water", 5.0, ["a kitchen"], ["look around"])
-    monkeypatch.setattr(service.cfg.security, "max_reflection_queue_bytes", report_bytes(report))
+    monkeypatch.setattr(service.run_facts.security, "max_reflection_queue_bytes", report_bytes(report))
     assert call(service, report) == Ack(ref="e", detail="queued for reflection")
     assert isinstance(call(service, report), Wait)  # the first one still waits for its reflection
     _, queued = service.reports.get_nowait()  # (pending id in the store, report)

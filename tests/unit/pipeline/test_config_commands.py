@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.cli import COMMANDS
+from pipeline.cli import help_sections
+from pipeline.roles import ROLES
 
 REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
-ROLE_COMMANDS = sorted(COMMANDS)  # empo2-run and every role's own command
+ROLE_COMMANDS = sorted(c for c, role in ROLES.items() if role.console_script)  # empo2-run and every role's
 # one bad choice per command, alternating between two fields
 BAD = {
     command: ("learner.ratio=decopled", "learner.ratio", "plain, decoupled")
@@ -51,14 +52,14 @@ def test_a_bad_value_is_refused_by_every_command_before_anything_starts(tmp_path
         override, _, _ = BAD[command]
         argv = [str(BIN / command), override, f"run_dir={cwd / 'run'}"]
         runs[command] = (cwd, _start(argv, cwd, profile_imports=True))
-    # the launcher's way of starting a role: python -m <module>
+    # the launcher's way of starting a role: python -m pipeline <command>
     cwd = tmp_path / "python-m"
     cwd.mkdir()
-    argv = [sys.executable, "-m", "replay_buffer.service", "learner.ratio=decopled", f"run_dir={cwd / 'run'}"]
-    runs["python -m replay_buffer.service"] = (cwd, _start(argv, cwd))
+    argv = [sys.executable, "-m", "pipeline", "empo2-replay-buffer", "learner.ratio=decopled", f"run_dir={cwd / 'run'}"]
+    runs["python -m pipeline empo2-replay-buffer"] = (cwd, _start(argv, cwd))
     expected = {
         **BAD,
-        "python -m replay_buffer.service": ("learner.ratio=decopled", "learner.ratio", "plain, decoupled"),
+        "python -m pipeline empo2-replay-buffer": ("learner.ratio=decopled", "learner.ratio", "plain, decoupled"),
     }
     for name, (cwd, process) in runs.items():
         rc, out, err = _finish(process)
@@ -69,7 +70,7 @@ def test_a_bad_value_is_refused_by_every_command_before_anything_starts(tmp_path
         value = override.split("=", 1)[1]
         assert f"{key}: " in message[0] and f"'{value}'" in message[0] and f"[{choices}]" in message[0], message
         assert list(cwd.iterdir()) == [], f"{name} created {list(cwd.iterdir())}"  # no run dir, no logs
-        if name in COMMANDS:
+        if name in ROLES:
             assert not {"torch", "vllm", "transformers"} & _imported(err), name
 
 
@@ -79,8 +80,8 @@ def test_every_command_answers_help_with_its_docstring_and_config(tmp_path):
         rc, out, err = _finish(process)
         assert rc == 0, (command, err[-2000:])
         assert out.startswith(f"{command}: ") and "Run:" in out, out[:500]
-        config = yaml.safe_load(out.split("empo2-config` prints all.\n", 1)[1])
-        for section in COMMANDS[command].sections:
+        config = yaml.safe_load(out.split("e.g. profile=paper.\n\n", 1)[1])
+        for section in help_sections(command):
             assert section in config, (command, section)
         assert not {"torch", "vllm", "transformers"} & _imported(err), command
     assert list(tmp_path.iterdir()) == []
@@ -89,7 +90,7 @@ def test_every_command_answers_help_with_its_docstring_and_config(tmp_path):
 def test_help_shows_the_values_of_the_given_profile(tmp_path):
     rc, out, _ = _finish(_start([str(BIN / "empo2-learner"), "profile=paper", "--help"], tmp_path))
     assert rc == 0
-    learner = yaml.safe_load(out.split("empo2-config` prints all.\n", 1)[1])["learner"]
+    learner = yaml.safe_load(out.split("e.g. profile=paper.\n\n", 1)[1])["learner"]
     assert learner["device"] == "cuda" and learner["groups_per_step"] == 16
 
 

@@ -148,7 +148,7 @@ NOT_CONFIG = {
     ("learner.step.StepTotals", "ratio"),  # a running sum of the ratio, not learner.ratio
     ("deploy.monitor.scrape", "timeout_s"),  # one HTTP scrape, not launch.timeout_s
     ("protocol.transport.Client", "timeout_s"),  # a request's default timeout, not launch.timeout_s
-    ("common.process.run_role", "index"),  # a function that picks the process's index
+    ("deploy.harness.LaunchedRun", "timeout_s"),  # how long a test or benchmark waits on its run
 }
 PACKAGES = ("actors", "common", "deploy", "evaluation", "learner", "memory_service", "protocol", "replay_buffer")
 SKIP_MODULES = {"actors.policy_server.worker_ext"}  # imports vLLM at import time (runs inside the engine)

@@ -11,7 +11,8 @@ from enum import Enum
 import msgpack
 import pytest
 
-from pipeline.config import ConfigError, PipelineConfig, load_config
+from common.config import ConfigError
+from pipeline.config import PipelineConfig, load_config
 
 
 def _choice_fields(cls=PipelineConfig, prefix: str = "") -> list[tuple[str, type[Enum]]]:
@@ -173,7 +174,7 @@ def test_valid_combinations_load(overrides):
 
 
 def test_the_reference_step_limits_are_the_defaults_and_the_cpu_profile_keeps_4_steps():
-    from pipeline.config import REFERENCE_TASK_STEP_LIMITS
+    from common.config import REFERENCE_TASK_STEP_LIMITS
 
     paper = load_config(["profile=paper"]).env
     assert paper.max_steps_per_task == REFERENCE_TASK_STEP_LIMITS

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import METRICS_PORT_SPAN, METRICS_PORTS, ConfigError, MetricsConfig, load_config
+from common.config import METRICS_PORT_SPAN, METRICS_PORTS, ConfigError, MetricsConfig
+from pipeline.config import load_config
 
 
 def test_the_role_ranges_are_disjoint_and_inside_the_span():

@@ -51,47 +51,9 @@ from protocol.messages import (
     WeightUpdateAck,
 )
 from protocol.weight_file import weights_checksum
+from tests.factories import Turn, make_trajectory, trajectory
 
 # ------------------------------------------------------------------------------- helpers
-
-
-def make_trajectory(
-    episode_id: str = "ep-1",
-    group_id: str = "group-1",
-    slot: int = 0,
-    mode: str = ON_POLICY,
-    prompt_lens: tuple[int, ...] = (5, 3),
-    response_lens: tuple[int, ...] = (2, 4),
-    tip_spans: np.ndarray | None = None,
-    versions: tuple[int, ...] | None = None,
-    score: float = 37.5,
-) -> Trajectory:
-    n = len(prompt_lens)
-    p_total, r_total = sum(prompt_lens), sum(response_lens)
-    return Trajectory(
-        episode_id=episode_id,
-        group_id=group_id,
-        slot=slot,
-        actor_id="actor-3",
-        task="find-living-thing",
-        variation=7,
-        mode=mode,
-        score=score,
-        done=True,
-        prompt_token_ids=np.arange(100, 100 + p_total, dtype=np.int32),
-        prompt_offsets=np.concatenate([[0], np.cumsum(prompt_lens)]).astype(np.int64),
-        response_token_ids=np.arange(500, 500 + r_total, dtype=np.int32),
-        response_offsets=np.concatenate([[0], np.cumsum(response_lens)]).astype(np.int64),
-        behaviour_logprobs=-np.linspace(0.1, 2.0, r_total, dtype=np.float32),
-        tip_spans=np.zeros((0, 3), np.int32) if tip_spans is None else tip_spans,
-        policy_versions=np.array(versions if versions is not None else [4] * n, np.int32),
-        num_memories=np.arange(n, dtype=np.int32),
-        observations=[f"obs {i} \u00e9" for i in range(n)],
-        actions=[f"look at {i}" for i in range(n)],
-        memory_retrieved=np.array([i % 2 for i in range(n)], np.uint8),
-        generated_texts=[f"Look at {i}.\n" for i in range(n)],
-        success=score > 70,  # done
-    )
 
 
 def _weight_chunk() -> WeightChunk:
@@ -789,8 +751,6 @@ def test_trajectory_fields_left_unset_are_derived():
 
 def _chained(spans: list[tuple[int, int, int]]) -> Trajectory:
     """Two turns whose second prompt extends the first prompt and response: [5, 6, 7] + [8] + [9, 10]."""
-    from tests.factories import Turn, trajectory
-
     turns = [Turn([5, 6, 7], [8]), Turn([5, 6, 7, 8, 9, 10], [11])]
     for turn, start, end in spans:
         turns[turn].tip_spans = (*turns[turn].tip_spans, (start, end))
@@ -828,8 +788,6 @@ def test_a_chain_that_does_not_extend_is_refused(spans, starts, fragment):
 
 
 def test_a_turn_marked_as_extending_a_prompt_it_does_not_start_with_is_refused():
-    from tests.factories import Turn, trajectory
-
     t = trajectory([Turn([5, 6, 7], [8]), Turn([5, 6, 0, 8, 9], [11])])
     t.chain_starts = np.array([1, 0], np.uint8)
     assert "turn 1 is marked as extending turn 0" in str(reject(encode(t)))

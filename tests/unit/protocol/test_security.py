@@ -7,7 +7,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from protocol import Client, recv_request, send_reply
 from protocol.messages import Ping, Pong
 from protocol.security import Curve, generate_keys, stop_authenticator, use_curve, watch_handshakes
 from protocol.transport import bind_router
-from tests.zmq_probe import ping_answered
+from tests.helpers import ping_answered, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +60,6 @@ def failures(metrics, reason: str | None = None) -> float:
     reasons = [reason] if reason else ["protocol", "auth", "other"]
     sample = metrics.registry.get_sample_value
     return sum(sample("empo2_curve_test_handshake_failures_total", {"reason": r}) or 0 for r in reasons)
-
-
-def wait_for(condition, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return condition()
 
 
 def test_the_key_command_writes_server_client_and_authorized_keys(keys_dir):
@@ -120,7 +112,8 @@ def test_a_role_refuses_to_start_without_its_keys(tmp_path):
         [
             sys.executable,
             "-m",
-            "replay_buffer.service",
+            "pipeline",
+            "empo2-replay-buffer",
             f"run_dir={tmp_path}",
             "security.curve=true",
             f"security.keys_dir={tmp_path / 'nokeys'}",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable
 
@@ -24,6 +23,7 @@ from protocol.transport import (
     send_reply,
     wait_until_ready,
 )
+from tests.helpers import wait_for
 
 
 class Server:
@@ -120,17 +120,6 @@ def raw_dealer(ctx):
     yield make
     for sock in socks:
         sock.close(linger=0)
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 2.0) -> bool:
-    """recv_request sends the ErrorReply before it raises: the client can see the reply before
-    the server thread has recorded the error."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def echo_pong(request: Request) -> Pong:

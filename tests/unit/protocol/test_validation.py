@@ -18,7 +18,7 @@ from protocol.messages import (
     MemoryQuery,
     MemoryResult,
 )
-from tests.unit.protocol.test_codec import make_trajectory
+from tests.factories import make_trajectory
 
 TRAJECTORY_MUTATIONS = {
     "float32 offsets": lambda t: dataclasses.replace(t, prompt_offsets=t.prompt_offsets.astype(np.float32)),

@@ -6,7 +6,6 @@ restart), and a trajectory too large for any batch is refused at the door. The l
 
 from __future__ import annotations
 
-import socket
 import threading
 from types import SimpleNamespace
 
@@ -14,8 +13,9 @@ import pytest
 import zmq
 
 from common.server import AfterCommit, dispatch, serve_requests
+from learner.config import LearnerConfig
 from learner.train import Learner
-from pipeline.config import load_config
+from pipeline.config import load_config, run_facts
 from protocol import Client, encode
 from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES
 from protocol.messages import (
@@ -31,7 +31,8 @@ from protocol.messages import (
 )
 from replay_buffer.buffer import BufferLog, ReplayBuffer
 from replay_buffer.service import BufferProcess
-from tests.unit.replay_buffer.test_replay_buffer import make_buffer, make_traj, open_group, traj_for
+from tests.factories import make_buffer, make_traj, open_group, traj_for
+from tests.helpers import free_endpoint
 
 # groups open and ready at once (the CPU profile's 1 would hand out one group at a time)
 ROOM = ["replay_buffer.max_open_groups=4", "replay_buffer.max_ready_groups=4"]
@@ -104,7 +105,7 @@ def test_an_unconfirmed_batch_is_re_served_after_the_timeout_first_in_line():
 
 def test_a_restarted_buffer_re_serves_an_unconfirmed_batch_and_never_a_confirmed_one(tmp_path):
     cfg = load_config([f"run_dir={tmp_path}", "replay_buffer.tasks=[boil]", "replay_buffer.group_size=2", *ROOM])
-    process = BufferProcess(cfg, {"boil": [4]})
+    process = BufferProcess(cfg.replay_buffer, run_facts(cfg), {"boil": [4]})
     for _ in range(4):  # two complete groups
         a = dispatch(process.handlers, AssignmentRequest(actor_id="a"), process.metrics)
         assert isinstance(dispatch(process.handlers, traj_for(a, versions=(0, 0)), process.metrics), Ack)
@@ -133,7 +134,7 @@ def process(tmp_path):
             *ROOM,
         ]
     )
-    process = BufferProcess(cfg, {"boil": [4]})
+    process = BufferProcess(cfg.replay_buffer, run_facts(cfg), {"boil": [4]})
     yield process
     process.log.close()
 
@@ -148,7 +149,7 @@ def play(process: BufferProcess, groups: int, prompt_len: int = 3) -> None:
 
 def test_a_trajectory_too_large_for_any_batch_is_refused_at_the_door(tmp_path):
     cfg = load_config([f"run_dir={tmp_path}", "replay_buffer.tasks=[boil]", "replay_buffer.max_trajectory_bytes=50000"])
-    process = BufferProcess(cfg, {"boil": [4]})
+    process = BufferProcess(cfg.replay_buffer, run_facts(cfg), {"boil": [4]})
     try:
         a = dispatch(process.handlers, AssignmentRequest(actor_id="a"), process.metrics)
         reply = dispatch(process.handlers, traj_for(a, prompt_len=BIG), process.metrics)
@@ -189,7 +190,7 @@ def test_a_part_of_a_batch_not_in_flight_is_an_unknown_batch_error(process):
 
 def test_group_durability_holds_acks_until_the_commit(tmp_path):
     cfg = load_config([f"run_dir={tmp_path}", "replay_buffer.tasks=[boil]", "replay_buffer.durability=group"])
-    process = BufferProcess(cfg, {"boil": [4]})
+    process = BufferProcess(cfg.replay_buffer, run_facts(cfg), {"boil": [4]})
     try:
         a = dispatch(process.handlers, AssignmentRequest(actor_id="a"), process.metrics)
         assert isinstance(a, Assignment)  # nothing written: answered at once
@@ -202,16 +203,10 @@ def test_group_durability_holds_acks_until_the_commit(tmp_path):
         process.log.close()
 
 
-def _free_endpoint() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
-
-
 def test_held_replies_go_out_after_one_commit_while_requests_keep_being_served():
     """serve_requests' group commit over a real ROUTER: replies wrapped in AfterCommit wait for the
     next commit (one for all of them); the others go out at once."""
-    endpoint, commits = _free_endpoint(), []
+    endpoint, commits = free_endpoint(), []
     handlers = {
         BatchConfirm: lambda msg: AfterCommit(Ack(ref=msg.batch_id)),
         AssignmentRequest: lambda msg: Wait(retry_after_s=1.0),
@@ -252,10 +247,12 @@ def test_the_learner_assembles_every_part_and_confirms_the_batch(process):
     """84 MB of one group made a Batch the learner's 64 MiB limit refused while the buffer had
     marked the group served. Scaled down: a learner limit of 400 kB, groups of ~160 kB trajectories."""
     play(process, 2, prompt_len=BIG)
-    endpoint = _free_endpoint()
+    endpoint = free_endpoint()
     threading.Thread(target=serve_requests, args=(endpoint, process.handlers, process.metrics), daemon=True).start()
     client = Client(zmq.Context.instance(), endpoint, timeout_s=10, max_bytes=400_000)
-    learner = SimpleNamespace(buffer=client, cfg=process.cfg, lcfg=process.cfg.learner, version=0)
+    learner = SimpleNamespace(
+        buffer=client, run_facts=process.run_facts, lcfg=LearnerConfig(groups_per_step=2), version=0
+    )
     learner._call_buffer = lambda msg: Learner._call_buffer(learner, msg)
     try:
         batch = Learner.next_batch(learner)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from common.server import dispatch
-from pipeline.config import load_config
+from pipeline.config import load_config, run_facts
 from protocol.messages import (
     OFF_POLICY,
     ON_POLICY,
@@ -25,7 +25,7 @@ from protocol.messages import (
 )
 from replay_buffer.buffer import trajectory_bytes
 from replay_buffer.service import BufferProcess
-from tests.unit.replay_buffer.test_replay_buffer import make_traj
+from tests.factories import make_traj
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def process(tmp_path):
             "security.learner_token=s3cret",
         ]
     )
-    process = BufferProcess(cfg, {"boil": [4]}, vocab_size=1000)
+    process = BufferProcess(cfg.replay_buffer, run_facts(cfg), {"boil": [4]}, vocab_size=1000)
     yield process
     process.log.file.close()
 
@@ -122,6 +122,6 @@ def test_batches_only_for_the_learner_at_a_version_it_can_have(process):
 def test_no_new_group_once_the_held_bytes_reach_the_limit(process):
     a, traj = leased(process)
     call(process, traj)
-    process.cfg.security.max_held_trajectory_bytes = trajectory_bytes(traj)
+    process.run_facts.security.max_held_trajectory_bytes = trajectory_bytes(traj)
     assert process.buffer.held_bytes() == trajectory_bytes(traj)
     assert isinstance(call(process, AssignmentRequest(actor_id="b")), Wait)

@@ -14,7 +14,7 @@ from protocol.codec import encode
 from protocol.records import HEADER_BYTES, RECORD_MAGIC, frame_record, scan
 from replay_buffer.buffer import LOG_TAGS, BufferLog
 from replay_buffer.config import Durability
-from tests.unit.replay_buffer.test_replay_buffer import make_buffer, make_traj
+from tests.factories import make_buffer, make_traj
 
 RECORDS = 6  # trajectories of group "g" (group_size 8: the group stays open)
 
@@ -171,7 +171,7 @@ def test_fsync_durability_syncs_every_record_and_group_only_on_sync(tmp_path):
 
 
 def test_buffer_process_reports_skipped_records_in_its_log_and_metrics(tmp_path, caplog):
-    from pipeline.config import load_config
+    from pipeline.config import load_config, run_facts
     from replay_buffer.service import BufferProcess
 
     cfg = load_config([f"run_dir={tmp_path}", "replay_buffer.tasks=[boil]", "replay_buffer.group_size=8"])
@@ -179,7 +179,7 @@ def test_buffer_process_reports_skipped_records_in_its_log_and_metrics(tmp_path,
     starts = write_log(path)
     flip(path, starts[2] + HEADER_BYTES + 3)
     with caplog.at_level(logging.WARNING, logger="replay_buffer"):
-        process = BufferProcess(cfg, {"boil": [4]})
+        process = BufferProcess(cfg.replay_buffer, run_facts(cfg), {"boil": [4]})
     process.log.close()
     sample = process.metrics.registry.get_sample_value
     assert sample("empo2_replay_buffer_log_records_skipped_total", {"fault": "bad_checksum"}) == 1

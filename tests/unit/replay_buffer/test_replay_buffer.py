@@ -14,68 +14,10 @@ import numpy as np
 import pytest
 
 from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES, encode
-from protocol.messages import MODES, OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Assignment, Trajectory
+from protocol.messages import MODES, OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Assignment
 from replay_buffer.buffer import BufferLog, ReplayBuffer, draw_mode
-from replay_buffer.config import Durability, ReplayBufferConfig
-
-VARIATIONS = {"boil": [4, 9, 13], "melt": [1, 2], "unused": [0]}
-
-
-def make_cfg(**overrides) -> ReplayBufferConfig:
-    values = dict(
-        tasks=["boil", "melt"],
-        variations_per_task=2,
-        group_size=3,
-        p_memory=0.5,
-        q_off_policy=0.5,
-        max_open_groups=2,
-        assignment_timeout_s=10.0,
-    )
-    values.update(overrides)
-    return ReplayBufferConfig(**values)
-
-
-def make_buffer(seed: int = 0, **overrides) -> ReplayBuffer:
-    return ReplayBuffer(make_cfg(**overrides), VARIATIONS, seed=seed)
-
-
-def make_traj(
-    group_id: str,
-    slot: int,
-    *,
-    episode_id: str | None = None,
-    task: str = "boil",
-    variation: int = 4,
-    mode: str = ON_POLICY,
-    versions: tuple[int, ...] = (5, 5),
-    prompt_len: int = 3,
-) -> Trajectory:
-    """A valid trajectory (passes Trajectory.validate) with one `prompt_len`-token prompt and
-    2-token response per turn."""
-    n = len(versions)
-    traj = Trajectory(
-        episode_id=episode_id or f"{group_id}-{slot}",
-        group_id=group_id,
-        slot=slot,
-        actor_id="actor-0",
-        task=task,
-        variation=variation,
-        mode=mode,
-        score=float(10 * slot % 100),
-        done=True,
-        prompt_token_ids=(np.arange(prompt_len * n) % 1000).astype(np.int32),
-        prompt_offsets=np.arange(0, prompt_len * n + 1, prompt_len, dtype=np.int64),
-        response_token_ids=np.arange(2 * n, dtype=np.int32),
-        response_offsets=np.arange(0, 2 * n + 1, 2, dtype=np.int64),
-        behaviour_logprobs=np.full(2 * n, -0.5, np.float32),
-        tip_spans=np.zeros((0, 3), np.int32),
-        policy_versions=np.array(versions, np.int32),
-        num_memories=np.zeros(n, np.int32),
-        observations=[f"obs {i}" for i in range(n)],
-        actions=[f"act {i}" for i in range(n)],
-    )
-    traj.validate()
-    return traj
+from replay_buffer.config import Durability
+from tests.factories import VARIATIONS, make_buffer, make_cfg, make_traj, open_group, traj_for
 
 
 def take(buffer: ReplayBuffer, learner_version: int, num_groups: int, max_staleness: int, now: float = 0.0):
@@ -85,17 +27,6 @@ def take(buffer: ReplayBuffer, learner_version: int, num_groups: int, max_stalen
         return [], stale
     assert buffer.confirm(batch.batch_id) == batch.group_ids
     return batch.groups, stale
-
-
-def traj_for(a: Assignment, **kw) -> Trajectory:
-    return make_traj(a.group_id, a.slot, task=a.task, variation=a.variation, mode=a.mode, **kw)
-
-
-def open_group(buffer: ReplayBuffer, now: float = 0.0) -> list[Assignment]:
-    """Hand out every slot of one new group."""
-    assignments = [buffer.assign(now)[0] for _ in range(buffer.cfg.group_size)]
-    assert len({a.group_id for a in assignments}) == 1
-    return assignments
 
 
 def complete_group(buffer: ReplayBuffer, versions: tuple[int, ...] = (5, 5), now: float = 0.0) -> str:
@@ -547,12 +478,12 @@ def test_buffer_process_answers_its_message_types_and_refuses_others(tmp_path):
     """The process's handler table: a ping, an assignment and a trajectory are served (the
     trajectory persisted before its Ack); a type the buffer does not serve gets unexpected_kind."""
     from common.server import dispatch
-    from pipeline.config import load_config
+    from pipeline.config import load_config, run_facts
     from protocol.messages import Ack, AssignmentRequest, AssignmentReturn, ErrorReply, MemoryQuery, Ping, Pong
     from replay_buffer.service import BufferProcess
 
     cfg = load_config([f"run_dir={tmp_path}", "replay_buffer.tasks=[boil]", "replay_buffer.group_size=2"])
-    process = BufferProcess(cfg, {"boil": [4]})
+    process = BufferProcess(cfg.replay_buffer, run_facts(cfg), {"boil": [4]})
     try:
         assert dispatch(process.handlers, Ping(sender="t"), process.metrics) == Pong(
             role="replay_buffer", policy_version=0, ready=True

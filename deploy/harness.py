@@ -1,0 +1,84 @@
+"""A run of the whole pipeline started from Python (the end-to-end tests, the benchmarks): empo2-run
+as a process of its own, waited on and stopped the way an operator would.
+
+The launcher runs in a session of its own (spawn_command) with its output in <run_dir>/launch.out.
+wait_for() asks a condition until it holds and fails at once, with the launcher's last lines, when
+the launcher ends first or the run's deadline passes; stop() sends the launcher SIGTERM, and it
+stops every role it started before it exits (deploy/launch.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from common.process import spawn_command, stop_group
+from deploy.monitor import scrape, total
+from deploy.run_state import read_state
+from pipeline.config import load_config
+
+T = TypeVar("T")
+
+
+class RunEnded(RuntimeError):
+    """The launcher ended, or the run's deadline passed, while a condition was waited for."""
+
+
+class LaunchedRun:
+    """empo2-run with `overrides` in `run_dir` (made if missing), started at once. `timeout_s`: the
+    deadline of every wait; `cwd`: the launcher's working directory (relative paths of the config)."""
+
+    def __init__(self, overrides: list[str], run_dir: Path, timeout_s: float = math.inf, cwd: Path | None = None):
+        self.run_dir = run_dir
+        self.overrides = [*overrides, f"run_dir={run_dir}"]
+        self.cfg = load_config(self.overrides)
+        self.out = run_dir / "launch.out"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.launcher = spawn_command("empo2-run", self.overrides, self.out, cwd=cwd)
+        self.deadline = time.monotonic() + timeout_s
+
+    def alive(self) -> bool:
+        return self.launcher.poll() is None
+
+    def tail(self, chars: int = 5000) -> str:
+        """The launcher's last output."""
+        return self.out.read_text(errors="replace")[-chars:]
+
+    def wait_for(self, what: str, condition: Callable[[], T], poll_s: float = 1.0) -> T:
+        """condition()'s first true value, asked every `poll_s`; RunEnded if the launcher ends or
+        the deadline passes first."""
+        while True:
+            value = condition()
+            if value:
+                return value
+            if not self.alive():
+                raise RunEnded(f"the launcher ended while waiting for {what}:\n{self.tail()}")
+            if time.monotonic() >= self.deadline:
+                raise RunEnded(f"timed out waiting for {what}:\n{self.tail()}")
+            time.sleep(poll_s)
+
+    def roles_up(self) -> dict[str, dict]:
+        """The launcher's roles (deploy/run_state.py) once it has started them and each one runs;
+        {} before."""
+        roles = read_state(self.run_dir).get("roles", {})
+        return roles if roles and all(role["up"] for role in roles.values()) else {}
+
+    def wait_until_up(self) -> dict[str, dict]:
+        return self.wait_for("every role up", self.roles_up)
+
+    def metric(self, kind: str, name: str, index: int = 0) -> float:
+        """A metric of process `index` of role `kind`, summed over its labels; 0.0 while it does
+        not answer."""
+        return total(scrape(self.cfg.metrics.host, self.cfg.metrics.port(kind, index)), name)
+
+    def wait(self) -> int:
+        """The launcher's exit status once the run ends, waited for until the deadline."""
+        return self.launcher.wait(timeout=max(self.deadline - time.monotonic(), 1.0))
+
+    def stop(self, grace_s: float = 180.0) -> None:
+        """SIGTERM the launcher, which stops every role and exits; what is left of its process
+        group after `grace_s` is killed. Nothing happens to a run that has ended."""
+        stop_group(self.launcher, grace_s)

@@ -1,0 +1,5 @@
+"""`python -m pipeline <command> [key=value ...]` (pipeline/cli.py, main)."""
+
+from pipeline.cli import main
+
+main()

@@ -1,0 +1,144 @@
+"""The role table: every command of the project, the module that runs it, what its main is given,
+and how a run's launcher starts it. The one place that says which processes a run consists of.
+
+A role's main is given the sections it names here and the run's facts (common.config.RunFacts):
+`main(<section>=..., ..., run=RunFacts)`; a driver (the launcher, the evaluations) composes roles
+and is given the whole configuration: `main(argv, cfg)`. Every command runs as
+`python -m pipeline <command> [key=value ...]` (common.process.spawn_command), which is how the
+launcher starts its children and torchrun the learner's ranks.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from pipeline.config import PipelineConfig
+
+
+@dataclass(frozen=True)
+class Role:
+    command: str  # the console script (pyproject [project.scripts]) or a launcher-only command
+    module: str  # its main; its docstring is the command's --help
+    sections: tuple[str, ...]  # the config sections its main is given; () for a driver, given it all
+    metrics: str | None = None  # its METRICS_PORTS kind (common/config.py); None: no /metrics of its own
+    index_key: str = ""  # the key numbering its processes (policy_server.index), RANK (torchrun), "" (one)
+    # security.curve: the client key its sockets use (protocol/security.py, CLIENT_NAMES); None: it only
+    # serves (policy server, replay buffer) or opens no socket (launcher)
+    curve_client: str | None = None
+    learner_token: bool = False  # given the run's learner token (LEARNER_TOKEN_ENV): it checks or sends it
+    console_script: bool = True  # an empo2-* script (pyproject [project.scripts]); else only `python -m pipeline`
+
+    @property
+    def driver(self) -> bool:
+        return not self.sections
+
+
+_ROLES = (
+    # the roles: given their sections and the run's facts
+    Role(
+        "empo2-policy-server",
+        "actors.policy_server.server",
+        sections=("policy_server", "weight_sync"),
+        metrics="policy_server",
+        index_key="policy_server.index",
+    ),
+    Role(
+        "empo2-env-actor",
+        "actors.env_actor.process",
+        sections=("env_actor", "env"),
+        metrics="env_actor",
+        index_key="env_actor.index",
+        curve_client="env_actor",
+    ),
+    Role(
+        "empo2-memory-service",
+        "memory_service.service",
+        sections=("memory_service",),
+        metrics="memory_service",
+        curve_client="memory_service",
+    ),
+    Role(
+        "empo2-replay-buffer",
+        "replay_buffer.service",
+        sections=("replay_buffer", "env"),
+        metrics="replay_buffer",
+        learner_token=True,
+    ),
+    Role(
+        "empo2-learner",
+        "learner.train",
+        sections=("learner", "weight_sync"),
+        metrics="learner",
+        index_key="RANK",  # under torchrun, rank r serves its metrics on the learner's port + r
+        curve_client="learner",
+        learner_token=True,
+    ),
+    # the drivers: given the whole configuration
+    Role("empo2-run", "deploy.launch", sections=()),
+    Role("empo2-eval", "evaluation.eval", sections=(), curve_client="evaluation"),
+    Role("empo2-memory-tta", "evaluation.tta", sections=(), curve_client="evaluation"),
+    # eval.every_steps: the periodic evaluation, started by the launcher; it runs empo2-eval per checkpoint
+    Role(
+        "empo2-evaluator",
+        "evaluation.periodic",
+        sections=(),
+        metrics="evaluator",
+        curve_client="evaluation",
+        console_script=False,
+    ),
+)
+ROLES = {role.command: role for role in _ROLES}
+# With security.learner_token empty, empo2-run makes a random one per run and hands it to the roles
+# with learner_token in this variable (not on the command line, which `ps` shows every local user),
+# so only its learner takes batches even without CURVE.
+LEARNER_TOKEN_ENV = "EMPO2_LEARNER_TOKEN"
+
+
+class RoleSpec(NamedTuple):
+    """One process the launcher starts and supervises (deploy/launch.py); a run's: run_roles."""
+
+    name: str  # unique in a run: its log file, its state entry, the `role` label of its metrics
+    argv: list[str]  # `python -m` this (["pipeline", "empo2-learner"]); the run's overrides follow, then `args`
+    kind: str  # METRICS_PORTS key: its metrics port is metrics.port(kind, index)
+    index: int  # of its kind: policy_server.index, env_actor.index (0 for the single roles)
+    ends_run: bool = False  # its exit 0 ends the run (the learner); any other exit is restarted
+    args: tuple[str, ...] = ()  # its own overrides, after the run's (so they win)
+    learner_token: bool = False  # it is given the run's learner token (LEARNER_TOKEN_ENV)
+
+
+def process_index(role: Role, cfg: PipelineConfig) -> int:
+    """Which of its kind this process is: its index key's value, or its torchrun rank."""
+    if role.index_key == "RANK":
+        return int(os.environ.get("RANK", 0))
+    if role.index_key:
+        section, key = role.index_key.split(".")
+        return getattr(getattr(cfg, section), key)
+    return 0
+
+
+def command_spec(name: str, command: str, index: int = 0, ends_run: bool = False) -> RoleSpec:
+    role = ROLES[command]
+    args = (f"{role.index_key}={index}",) if role.index_key and role.index_key != "RANK" else ()
+    return RoleSpec(name, ["pipeline", command], role.metrics or name, index, ends_run, args, role.learner_token)
+
+
+def env_actor_spec(j: int) -> RoleSpec:
+    return command_spec(f"env_actor{j}", "empo2-env-actor", j)
+
+
+def run_roles(cfg: PipelineConfig) -> list[RoleSpec]:
+    """The processes of a run, in start order: servers first, learner last."""
+    specs = [
+        command_spec(f"policy_server{i}", "empo2-policy-server", i) for i in range(len(cfg.endpoints.policy_servers))
+    ]
+    specs += [
+        command_spec("memory_service", "empo2-memory-service"),
+        command_spec("replay_buffer", "empo2-replay-buffer"),
+    ]
+    specs += [env_actor_spec(j) for j in range(cfg.launch.num_env_actors)]
+    # eval.every_steps: the periodic evaluation, its own process (never in the learner's way)
+    specs += [command_spec("evaluator", "empo2-evaluator")] if cfg.eval.every_steps else []
+    specs += [command_spec("learner", "empo2-learner", ends_run=True)]
+    return specs

@@ -1,0 +1,39 @@
+"""A test run that is stopped stops what it started, as one that ends does.
+
+pytest runs fixture finalizers (and `finally` blocks) on Ctrl-C, which raises KeyboardInterrupt,
+but not on SIGTERM (`timeout`, a CI runner, a terminal closed), which ends the process at once: the
+launchers, policy servers, JVMs and Prometheus of its fixtures ran on, holding the ports and the
+cores, with the learner's shared-memory weight file left in /dev/shm. So SIGTERM takes the Ctrl-C
+path here. What a finalizer still misses (a test's process without one, a finalizer cut short) is found
+at the end by the mark every process of the run inherits (tests/helpers.py) and stopped the way
+the launcher stops a role.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import sys
+
+from tests.helpers import TEST_RUN_ENV, stop_marked_processes
+
+MARK = f"pytest-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _interrupt(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop: the clean-up is not cut short by a second
+    raise KeyboardInterrupt
+
+
+def pytest_configure(config) -> None:
+    os.environ[TEST_RUN_ENV] = f"{os.environ.get(TEST_RUN_ENV, '')} {MARK}".strip()
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def pytest_unconfigure(config) -> None:
+    left = stop_marked_processes(MARK)
+    if left:
+        print(f"\n[tests] stopped {len(left)} processes the tests left running:", file=sys.stderr)
+        for pid, command in left.items():
+            print(f"  {pid}: {command[:200]}", file=sys.stderr)

@@ -1,0 +1,76 @@
+"""The role table (pipeline/roles.py) is what each role's main is given: its sections by name and
+the run's facts, nothing else; the facts a role is given match the configuration they come from."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+from common.config import RunFacts
+from pipeline.cli import given
+from pipeline.config import PipelineConfig, load_config, run_facts
+from pipeline.roles import ROLES, run_roles
+
+REPO = Path(__file__).resolve().parents[3]
+SECTIONS = {f.name for f in dataclasses.fields(PipelineConfig)}
+ROLE_COMMANDS = sorted(c for c, role in ROLES.items() if not role.driver)
+
+
+@pytest.mark.parametrize("command", ROLE_COMMANDS)
+def test_a_roles_main_takes_its_sections_and_the_run_facts_only(command):
+    role = ROLES[command]
+    main = importlib.import_module(role.module).main
+    assert list(inspect.signature(main).parameters) == [*role.sections, "run"]
+    assert set(role.sections) <= SECTIONS
+
+
+@pytest.mark.parametrize("command", ROLE_COMMANDS)
+def test_no_role_reads_a_section_it_is_not_given(command):
+    """A role's package never names another section of the tree as `cfg.<section>`: what it needs of
+    the run comes in RunFacts (e.g. `run.memory_in_use`, not `cfg.replay_buffer.p_memory`)."""
+    package = ROLES[command].module.split(".")[0]
+    others = SECTIONS - {"run_dir", "seed", "startup_timeout_s"}
+    offending = []
+    for path in sorted((REPO / package).rglob("*.py")):
+        for name in re.findall(r"\bcfg\.([a-z_]+)\.", path.read_text()):
+            if name in others:
+                offending.append(f"{path.relative_to(REPO)}: cfg.{name}")
+    assert not offending
+
+
+def test_the_run_facts_defaults_are_the_default_configurations():
+    """RunFacts() (what a unit test of one role uses) says what the default configuration derives,
+    but for the door limits (none checked by default)."""
+    derived = run_facts(PipelineConfig())
+    assert dataclasses.replace(derived, door=RunFacts().door) == RunFacts()
+
+
+def test_given_hands_each_role_its_sections_and_its_metrics_port(tmp_path):
+    cfg = load_config([f"run_dir={tmp_path}", "env_actor.index=3", "replay_buffer.p_memory=0"])
+    actor = given("empo2-env-actor", cfg)
+    assert set(actor) == {"env_actor", "env", "run"} and actor["env_actor"] is cfg.env_actor
+    assert actor["run"].metrics_port == cfg.metrics.port("env_actor", 3)
+    assert actor["run"].memory_in_use is False and actor["run"].max_model_len == cfg.policy_server.max_model_len
+    server = given("empo2-policy-server", load_config([f"run_dir={tmp_path}"]))
+    assert server["run"].metrics_port == cfg.metrics.port("policy_server", 0)
+
+
+def test_the_run_roles_start_every_role_through_the_pipeline_command(tmp_path):
+    cfg = load_config([f"run_dir={tmp_path}", "launch.num_env_actors=2"])
+    specs = run_roles(cfg)
+    assert [s.name for s in specs] == [
+        "policy_server0",
+        "memory_service",
+        "replay_buffer",
+        "env_actor0",
+        "env_actor1",
+        "learner",
+    ]
+    assert all(s.argv[0] == "pipeline" and s.argv[1] in ROLES for s in specs)
+    assert [s.name for s in specs if s.learner_token] == ["replay_buffer", "learner"]
+    assert specs[4].args == ("env_actor.index=1",) and specs[-1].ends_run
