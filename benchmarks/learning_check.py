@@ -2,24 +2,27 @@
 
 `base`: the embedded model's base scores on every ScienceWorld task with empo2-eval and short
 limits, so one sees where learning can show at all (tasks neither all zero nor saturated). The
-tasks are evaluated in chunks, each its own `python -m evaluation.eval` under the machine's
+tasks are evaluated in chunks, each its own `python -m pipeline empo2-eval` under the machine's
 heavy-run lock (`--lock`, released between chunks so other work can use the CPU); the
 evaluation's episodes file makes the chunks resume and add up. Then `collect` (no process: the evaluation's scoring of its episodes file) writes the table of
 everything played so far to benchmarks/results/learning_check_base.{json,md}; `--collect` alone
 does only that.
 
-`compare`: EMPO2 and GRPO trained with the same seed and the same wall budget (empo2-run with
-launch.timeout_s = --budget-min, checkpoints every --checkpoint-every steps, learner.lr = --lr),
-scored before (the base model, once: it is the same for both) and after (each one's newest
-checkpoint) on --tasks with empo2-eval; the table with 95% confidence intervals (t-interval over the per-seed means) and the
-curves (empo2-plot) in benchmarks/results/learning_check_compare.{json,md} and learning_check_plots/.
-During training the periodic evaluation (eval.every_steps = --eval-every) scores every due
-checkpoint on the first 2 test variations x 2 episodes as its own process, so the curves have
-evaluation points between before and after; it shares the cores with the training, alike for both.
+`compare`: EMPO2 and GRPO each trained once per training seed (--seeds, default 0 1 2) with the
+same wall budget (empo2-run with launch.timeout_s = --budget-min, checkpoints every
+--checkpoint-every steps, learner.lr = --lr); the base model and every final checkpoint scored on
+the same --tasks test variations and evaluation seeds (empo2-eval), so every comparison is paired.
+The report (evaluation/stats.py): per policy the mean score with a bootstrap 95% CI over the
+(variation, seed) units, Pass@k; per pair (EMPO2 - base, GRPO - base, EMPO2 - GRPO) the paired
+difference with its CI and a sign-flip permutation p-value, and the smallest difference the design
+detects with 80% power; each run's steps and the curves (empo2-plot), in
+benchmarks/results/learning_check_compare.{json,md} and learning_check_plots/. During training the
+periodic evaluation (eval.every_steps = --eval-every) scores every due checkpoint on the first 2
+test variations x 2 episodes as its own process, so the curves have evaluation points.
 
 Run (repository root):
   .venv/bin/python -m benchmarks.learning_check base --tasks-per-chunk 5 --variations 2 --episodes 1 --max-steps 8
-  .venv/bin/python -m benchmarks.learning_check compare --tasks find-living-thing --budget-min 45
+  .venv/bin/python -m benchmarks.learning_check compare --tasks find-living-thing --budget-min 45 --seeds 0 1 2
   .venv/bin/python -m benchmarks.learning_check compare --tasks find-living-thing --collect   # table and plots again
 """
 
@@ -27,21 +30,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import statistics
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from benchmarks.record import REPO, run_header, write_result
 from common.scienceworld import task_names
+from evaluation.config import EvalConfig
 from evaluation.eval import EPISODES_FILE, EpisodeLog, summarize, write_results
+from evaluation.stats import estimate, paired
 
 RESULTS = REPO / "benchmarks" / "results"
 # this benchmark's policy server and metrics ports, away from the defaults and the tests' (a pipeline may be running)
 PORTS = ["endpoints.policy_servers=[tcp://127.0.0.1:42550]", "metrics.base_port=43000"]
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}  # t quantiles
 
 
 def _locked(lock: str, argv: list[str]) -> list[str]:
@@ -49,7 +53,7 @@ def _locked(lock: str, argv: list[str]) -> list[str]:
 
 
 def _eval(run_dir: Path, lock: str, overrides: list[str]) -> None:
-    argv = [sys.executable, "-m", "evaluation.eval", f"run_dir={run_dir}", *PORTS, *overrides]
+    argv = [sys.executable, "-m", "pipeline", "empo2-eval", f"run_dir={run_dir}", *PORTS, *overrides]
     print("[learning_check] " + " ".join(argv[1:]), flush=True)
     subprocess.run(_locked(lock, argv), cwd=REPO, check=True)
 
@@ -79,7 +83,8 @@ def collect(run_dir: Path, tasks: list[str], limits: list[str], args) -> int:
     of its episodes file, into benchmarks/results/."""
     out = run_dir / "eval" / "base"
     records = list(EpisodeLog(out / EPISODES_FILE).read().values())
-    rows = summarize(records, tasks)
+    pass_score = EvalConfig().pass_score  # the evaluations' own (eval.pass_score is not overridden here)
+    rows = summarize(records, tasks, pass_score)
     settings = json.loads((out / "settings.json").read_text())
     meta = {
         "policy": "base",
@@ -87,10 +92,11 @@ def collect(run_dir: Path, tasks: list[str], limits: list[str], args) -> int:
         "temperature": settings["temperature"],
         "variations_per_task": args.variations,
         "episodes_per_variation": args.episodes,
+        "pass_score": pass_score,
         "memory": False,
     }
     planned = len(tasks) * args.variations * args.episodes
-    report = write_results(out, meta, rows, complete=len(records) == planned)
+    report = write_results(out, meta, rows, len(records) == planned, records)
     result = {
         **run_header([".venv/bin/python", "-m", "benchmarks.learning_check"], sys.argv[1:]),
         "limits": limits,
@@ -111,128 +117,180 @@ def collect(run_dir: Path, tasks: list[str], limits: list[str], args) -> int:
     return 0
 
 
-def confidence_interval(seed_means: list[float]) -> tuple[float, float]:
-    """(mean, half-width of its 95% t-interval); half-width nan with one seed."""
-    mean = statistics.fmean(seed_means)
-    if len(seed_means) < 2:
-        return mean, math.nan
-    t = T_975.get(len(seed_means) - 1, 1.96)
-    return mean, t * statistics.stdev(seed_means) / math.sqrt(len(seed_means))
-
-
 PRESETS = ("empo2", "grpo")
+BASE = "base"
+# every paired comparison reported: (a, b) means a - b on the units both played
+PAIRS = (("empo2", BASE), ("grpo", BASE), ("empo2", "grpo"))
+
+
+def run_dirs(root: Path, seeds: list[int]) -> dict[str, list[Path]]:
+    """Each method's training runs, one per training seed."""
+    return {preset: [root / preset / f"seed{s}" for s in seeds] for preset in PRESETS}
 
 
 def compare(args) -> int:
-    """Train both presets and evaluate before/after (unless --collect), then collect_compare."""
+    """Train both presets once per training seed, evaluate the base model and every final checkpoint
+    on the same test variations and evaluation seeds (unless --collect), then collect_compare."""
     tasks = args.tasks
     root = Path(args.run_root)
-    common = [f"seed={args.seed}", f"replay_buffer.tasks=[{','.join(tasks)}]"]
     evaluation = [
-        *common,
         f"eval.tasks=[{','.join(tasks)}]",
         f"eval.variations={args.variations}",
         f"eval.episodes={args.episodes}",
+        f"replay_buffer.tasks=[{','.join(tasks)}]",
     ]
     if not args.collect:
-        # "before" is the base model for both presets, and its evaluation (no memory, no training)
-        # does not depend on the preset: played once
-        _eval(root / "base", args.lock, [*evaluation, "eval.policy=base"])
-    for preset in PRESETS if not args.collect else ():
-        run_dir = root / preset
-        train = [
-            f"preset={preset}",
-            *common,
-            f"run_dir={run_dir}",
-            "learner.total_steps=100000",  # the wall budget ends the run, not the step count
-            f"learner.checkpoint_every={args.checkpoint_every}",
-            f"learner.lr={args.lr}",
-            f"launch.timeout_s={args.budget_min * 60}",
-            *(
-                [f"eval.every_steps={args.eval_every}", "eval.subset_variations=2", "eval.episodes=2"]
-                if args.eval_every
-                else []
-            ),
-        ]
-        print(f"[learning_check] training {preset} for {args.budget_min} min", flush=True)
-        subprocess.run(_locked(args.lock, [sys.executable, "-m", "deploy.launch", *train]), cwd=REPO)  # ends by timeout
-        _eval(run_dir, args.lock, [f"preset={preset}", *evaluation, "eval.policy=latest"])
+        # the base model's evaluation does not depend on the preset or the training seed: played once
+        _eval(root / BASE, args.lock, [*evaluation, "eval.policy=base"])
+        for preset, dirs in run_dirs(root, args.seeds).items():
+            for seed, run_dir in zip(args.seeds, dirs):
+                train(preset, seed, run_dir, tasks, args)
+                _eval(run_dir, args.lock, [f"preset={preset}", *evaluation, "eval.policy=latest"])
     return collect_compare(root, args)
 
 
+def train(preset: str, seed: int, run_dir: Path, tasks: list[str], args) -> None:
+    overrides = [
+        f"preset={preset}",
+        f"seed={seed}",
+        f"replay_buffer.tasks=[{','.join(tasks)}]",
+        f"run_dir={run_dir}",
+        "learner.total_steps=100000",  # the wall budget ends the run, not the step count
+        f"learner.checkpoint_every={args.checkpoint_every}",
+        f"learner.lr={args.lr}",
+        f"launch.timeout_s={args.budget_min * 60}",
+        *(
+            [f"eval.every_steps={args.eval_every}", "eval.subset_variations=2", "eval.episodes=2"]
+            if args.eval_every
+            else []
+        ),
+    ]
+    print(f"[learning_check] training {preset} seed {seed} for {args.budget_min} min", flush=True)
+    argv = [sys.executable, "-m", "pipeline", "empo2-run", *overrides]
+    subprocess.run(_locked(args.lock, argv), cwd=REPO)  # ends by its timeout
+
+
+def final_evaluation(run_dir: Path, args) -> tuple[dict, dict] | None:
+    """(results.json, {(task, variation, seed): score}) of a run's final evaluation (the one of
+    --variations x --episodes, not a periodic one), or None if it has none yet."""
+    for result_dir in sorted((run_dir / "eval").glob("*")):
+        report = json.loads((result_dir / "results.json").read_text())
+        if (report["variations_per_task"], report["episodes_per_variation"]) == (args.variations, args.episodes):
+            episodes = EpisodeLog(result_dir / EPISODES_FILE).read().values()
+            return report, {(e["task"], e["variation"], e["seed"]): e["score"] for e in episodes}
+    return None
+
+
+def method_scores(evaluations: list[dict]) -> dict:
+    """A method's score per unit: the mean over its training seeds' checkpoints that played it."""
+    units = set().union(*evaluations) if evaluations else set()
+    return {u: statistics.fmean(e[u] for e in evaluations if u in e) for u in units}
+
+
 def collect_compare(root: Path, args) -> int:
-    """The before/after table of every evaluation under `root` (the final ones of --variations x
-    --episodes, and the periodic ones during training), each run's steps and restarts, and the
-    curves (empo2-plot), into benchmarks/results/learning_check_compare.{json,md} and _plots/."""
-    runs = [root / preset for preset in PRESETS]
-    rows = []
-    for label, run_dir in [("base model", root / "base"), *zip(PRESETS, runs)]:
-        for result_dir in sorted((run_dir / "eval").iterdir()):
-            report = json.loads((result_dir / "results.json").read_text())
-            episodes = list(EpisodeLog(result_dir / EPISODES_FILE).read().values())
-            final = (report["variations_per_task"], report["episodes_per_variation"]) == (
-                args.variations,
-                args.episodes,
-            )
-            for t in report["tasks"]:
-                mean, half = confidence_interval(t["seed_means"])
-                scores = [e["score"] for e in episodes if e["task"] == t["task"]]
-                rows.append(
-                    {
-                        "trained_by": label,
-                        "policy": report["policy"],
-                        "evaluation": "final" if final else "periodic",
-                        "variations": report["variations_per_task"],
-                        "seeds": report["episodes_per_variation"],
-                        "task": t["task"],
-                        "mean": mean,
-                        "ci95": half,
-                        "success": t["success_rate"],
-                        "failed_episodes": sum(score < 0 for score in scores),  # -100: a wrong object focused on
-                        "episodes": len(scores),
-                    }
-                )
+    """The paired comparison of everything evaluated under `root`: per policy the mean score with a
+    bootstrap 95% CI over (variation, seed) units, Pass@k; per pair the paired difference, its CI and
+    the sign-flip permutation p-value, and the smallest difference the design detects; each training
+    run's steps; the curves (empo2-plot). Into benchmarks/results/learning_check_compare.{json,md}."""
+    policies: dict[str, list[dict]] = {BASE: []}  # method -> each evaluation's unit scores
+    evaluations = []
+    base = final_evaluation(root / BASE, args)
+    if base is None:
+        raise SystemExit(f"no base evaluation under {root / BASE}: run compare without --collect first")
+    policies[BASE].append(base[1])
+    evaluations.append({"method": BASE, "seed": None, "report": base[0]})
     training = {}
-    for preset, run_dir in zip(PRESETS, runs):
-        summary = json.loads((run_dir / "summary.json").read_text())
-        training[preset] = {
-            "wall_seconds": summary["wall_seconds"],
-            "learner_steps": max(summary["server_versions_at_end"]),  # the version the servers ended on
-            "episodes": summary["episodes"],
-            "reflections": summary["reflections"],
-            "restarts": {role: n for role, n in summary["restarts"].items() if n},
-        }
-    subprocess.run(
-        [sys.executable, "-m", "evaluation.plot", *map(str, runs), "--out", str(RESULTS / "learning_check_plots")],
-        check=True,
-    )
+    for preset, dirs in run_dirs(root, args.seeds).items():
+        policies[preset] = []
+        for seed, run_dir in zip(args.seeds, dirs):
+            found = final_evaluation(run_dir, args)
+            if found is None:
+                print(f"[learning_check] {run_dir}: no final evaluation yet, left out", flush=True)
+                continue
+            policies[preset].append(found[1])
+            evaluations.append({"method": preset, "seed": seed, "report": found[0]})
+            training[f"{preset}/seed{seed}"] = training_summary(run_dir)
+    scores = {method: method_scores(evals) for method, evals in policies.items() if evals}
+    per_policy = {method: asdict(estimate(list(s.values()))) for method, s in scores.items()}
+    pairs = [asdict(paired(a, scores[a], b, scores[b])) for a, b in PAIRS if a in scores and b in scores]
+    plotted = [d for dirs in run_dirs(root, args.seeds).values() for d in dirs if (d / "metrics.jsonl").exists()]
+    if plotted:
+        plots = RESULTS / "learning_check_plots"
+        subprocess.run([sys.executable, "-m", "evaluation.plot", *map(str, plotted), "--out", str(plots)], check=True)
     result = {
         **run_header([".venv/bin/python", "-m", "benchmarks.learning_check"], sys.argv[1:]),
+        "design": {
+            "tasks": args.tasks,
+            "variations": args.variations,
+            "eval_seeds": args.episodes,
+            "training_seeds": args.seeds,
+            "budget_min": args.budget_min,
+            "lr": args.lr,
+        },
+        "policies": per_policy,
+        "pairs": pairs,
+        "evaluations": [{**e, "report": {"tasks": e["report"]["tasks"]}} for e in evaluations],
         "training": training,
-        "rows": rows,
     }
     write_result(RESULTS / "learning_check_compare.json", result)
+    (RESULTS / "learning_check_compare.md").write_text(compare_table(result))
+    return 0
+
+
+def training_summary(run_dir: Path) -> dict:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {
+        "wall_seconds": summary["wall_seconds"],
+        "learner_steps": max(summary["server_versions_at_end"]),  # the version the servers ended on
+        "episodes": summary["episodes"],
+        "reflections": summary["reflections"],
+        "restarts": {role: n for role, n in summary["restarts"].items() if n},
+    }
+
+
+def compare_table(result: dict) -> str:
+    d = result["design"]
     lines = [
-        "| trained by | policy | evaluation | variations x seeds | score (95% CI over seeds) | success | episodes < 0 |",
-        "|---|---|---|---|---|---|---|",
+        f"Tasks {', '.join(d['tasks'])}: {d['variations']} test variations x {d['eval_seeds']} evaluation seeds "
+        f"(the units, paired across policies); {len(d['training_seeds'])} training seed(s) per method, "
+        f"{d['budget_min']:g} min each at lr {d['lr']:g}. A method's score on a unit is the mean over its "
+        "training seeds' checkpoints. 95% CIs: percentile bootstrap over units; p: two-sided sign-flip "
+        "permutation test of the paired differences.",
+        "",
+        "| policy | mean score [95% CI] | units |",
+        "|---|---|---|",
     ]
     lines += [
-        f"| {r['trained_by']} | {r['policy']} | {r['evaluation']} | {r['variations']} x {r['seeds']} | "
-        f"{r['mean']:.1f} ± {r['ci95']:.1f} | {r['success']:.0%} | {r['failed_episodes']} of {r['episodes']} |"
-        for r in rows
+        f"| {m} | {e['mean']:.1f} [{e['ci_low']:.1f}, {e['ci_high']:.1f}] | {e['n']} |"
+        for m, e in result["policies"].items()
+    ]
+    lines += ["", "| difference | mean [95% CI] | p | detectable (80% power) |", "|---|---|---|---|"]
+    lines += [
+        f"| {p['a']} − {p['b']} | {p['difference']['mean']:.1f} [{p['difference']['ci_low']:.1f}, "
+        f"{p['difference']['ci_high']:.1f}] | {p['p_value']:.3g} | {p['detectable']:.1f} |"
+        for p in result["pairs"]
     ]
     lines += [
         "",
-        "| run | learner steps in the budget | wall s | episodes | reflections | restarts |",
-        "|---|---|---|---|---|---|",
+        "| evaluation | task | score | success | Pass@1 / Pass@k | Pass@1 / Pass@k (score) | best-of-k |",
+        "|---|---|---|---|---|---|---|",
     ]
+    for e in result["evaluations"]:
+        name = e["method"] if e["seed"] is None else f"{e['method']}/seed{e['seed']}"
+        for t in e["report"]["tasks"]:
+            lines.append(
+                f"| {name} | {t['task']} | {t['score_mean']:.1f} | {t['success_rate']:.0%} | "
+                f"{t['pass_at_1']:.2f} / {t['pass_at_k']:.2f} (k={t['k']}) | "
+                f"{t['pass_score_at_1']:.2f} / {t['pass_score_at_k']:.2f} | {t['best_of_k']:.1f} |"
+            )
+    lines += ["", "| run | learner steps in the budget | wall s | episodes | reflections | restarts |"]
+    lines += ["|---|---|---|---|---|---|"]
     lines += [
-        f"| {preset} | {t['learner_steps']:.0f} | {t['wall_seconds']:.0f} | {t['episodes']:.0f} | "
+        f"| {run} | {t['learner_steps']:.0f} | {t['wall_seconds']:.0f} | {t['episodes']:.0f} | "
         f"{t['reflections']:.0f} | {t['restarts'] or '-'} |"
-        for preset, t in training.items()
+        for run, t in result["training"].items()
     ]
-    (RESULTS / "learning_check_compare.md").write_text("\n".join(lines) + "\n")
-    return 0
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--envs", type=int, default=2)
     b.add_argument("--run-dir", default="runs/learning_check_base")
     b.add_argument("--collect", action="store_true", help="only write the table of the episodes played so far")
-    c = sub.add_parser("compare", help="EMPO2 vs GRPO, same seed and wall budget, before/after")
+    c = sub.add_parser("compare", help="EMPO2 vs GRPO vs base, paired, several training seeds")
     c.add_argument("--tasks", nargs="+", required=True)
     c.add_argument("--budget-min", type=float, default=45.0)
     c.add_argument("--checkpoint-every", type=int, default=2)
@@ -259,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--eval-every", type=int, default=6, help="periodic evaluation every N steps (0: none)")
     c.add_argument("--variations", type=int, default=5)
     c.add_argument("--episodes", type=int, default=4)
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds per method")
     c.add_argument("--run-root", default="runs/learning_check")
     c.add_argument("--collect", action="store_true", help="only write the table and plots of the runs under --run-root")
     args = parser.parse_args(argv)

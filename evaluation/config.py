@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from common.config import at_least, check, positive, scienceworld_tasks, within
+
 
 @dataclass
 class TestTimeAdaptationConfig:
@@ -18,6 +20,13 @@ class TestTimeAdaptationConfig:
     temperature: float = 0.4  # evaluation temperature (empo2.md)
     reflection_wait_s: float = 300.0  # wait for each trial's reflection before the next trial
 
+    def validate(self) -> None:
+        check(bool(self.tasks), "tasks", "needs at least one task")
+        scienceworld_tasks("tasks", self.tasks)
+        at_least("variations", self.variations, 1)
+        at_least("trials", self.trials, 1)
+        at_least("temperature", self.temperature, 0)
+
 
 @dataclass
 class EvalConfig:
@@ -31,6 +40,9 @@ class EvalConfig:
     tasks: list[str] = field(default_factory=list)  # [] = replay_buffer.tasks (the trained ones)
     variations: int = 20  # the first N test variations of each task (never a train variation)
     episodes: int = 4  # episodes per variation, seeds 0..N-1 (the reference harness: 4)
+    # Pass@k's second criterion, beside success: an episode passes at this score or above (a small model
+    # rarely solves a task; progress is what moves first)
+    pass_score: float = 50.0
     temperature: float = 0.4  # the paper's evaluation temperature
     envs: int = 2  # ScienceWorld envs (one JVM and one thread each) played in parallel
     # reuse the policy servers of endpoints.policy_servers instead of starting one (they must serve
@@ -46,3 +58,17 @@ class EvalConfig:
     server_endpoint: str = "tcp://127.0.0.1:5580"
     metrics_base_port: int = 10100
     checkpoint_poll_s: float = 10.0  # how often the periodic evaluation looks for a new checkpoint
+
+    def validate(self) -> None:
+        check(bool(self.policy), "policy", "base, latest or a checkpoint directory")
+        scienceworld_tasks("tasks", self.tasks)
+        scienceworld_tasks("subset_tasks", self.subset_tasks)
+        at_least("variations", self.variations, 1)
+        at_least("episodes", self.episodes, 1)
+        within("pass_score", self.pass_score, -100.0, 100.0)
+        at_least("temperature", self.temperature, 0)
+        at_least("envs", self.envs, 1)
+        at_least("every_steps", self.every_steps, 0)
+        at_least("subset_variations", self.subset_variations, 1)
+        if self.every_steps:
+            positive("checkpoint_poll_s", self.checkpoint_poll_s)

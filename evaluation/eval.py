@@ -47,9 +47,10 @@ from common.logs import setup_logging
 from common.metrics import METRICS_LOG
 from common.model_prep import resolve_model
 from common.process import interrupt_on_sigterm
-from deploy.launch import Launcher, role_commands
-from pipeline.cli import role_config
-from pipeline.config import PipelineConfig
+from deploy.launch import Launcher
+from evaluation.stats import bootstrap_ci, pass_at_k
+from pipeline.config import PipelineConfig, run_facts
+from pipeline.roles import run_roles
 from protocol.messages import ON_POLICY, Assignment
 
 log = logging.getLogger("eval")
@@ -210,9 +211,17 @@ class TaskScore:
     score_std: float  # over seeds: std of the per-seed means over variations
     success_rate: float
     seed_means: list[float]
+    # Over the k episodes (seeds) of each variation, averaged over variations (SPA's exploration
+    # collapse diagnostic: Pass@k far above Pass@1 means the policy can but rarely does):
+    k: int = 0  # the fewest seeds a variation has
+    pass_at_1: float = 0.0  # success
+    pass_at_k: float = 0.0
+    pass_score_at_1: float = 0.0  # score >= eval.pass_score
+    pass_score_at_k: float = 0.0
+    best_of_k: float = 0.0  # the mean over variations of the best score of its k episodes
 
 
-def summarize(records: list[dict], tasks: list[str]) -> list[TaskScore]:
+def summarize(records: list[dict], tasks: list[str], pass_score: float) -> list[TaskScore]:
     rows = []
     for task in tasks:
         mine = [r for r in records if r["task"] == task]
@@ -220,6 +229,9 @@ def summarize(records: list[dict], tasks: list[str]) -> list[TaskScore]:
             continue
         seeds = sorted({r["seed"] for r in mine})
         seed_means = [statistics.fmean(r["score"] for r in mine if r["seed"] == s) for s in seeds]
+        by_variation = [[r for r in mine if r["variation"] == v] for v in sorted({r["variation"] for r in mine})]
+        k = min(len(episodes) for episodes in by_variation)
+
         rows.append(
             TaskScore(
                 task=task,
@@ -229,9 +241,20 @@ def summarize(records: list[dict], tasks: list[str]) -> list[TaskScore]:
                 score_std=statistics.stdev(seed_means) if len(seed_means) > 1 else 0.0,
                 success_rate=sum(r["success"] for r in mine) / len(mine),
                 seed_means=seed_means,
+                k=k,
+                pass_at_1=_pass_rate(by_variation, lambda r: r["success"], 1),
+                pass_at_k=_pass_rate(by_variation, lambda r: r["success"], k),
+                pass_score_at_1=_pass_rate(by_variation, lambda r: r["score"] >= pass_score, 1),
+                pass_score_at_k=_pass_rate(by_variation, lambda r: r["score"] >= pass_score, k),
+                best_of_k=statistics.fmean(max(r["score"] for r in e) for e in by_variation),
             )
         )
     return rows
+
+
+def _pass_rate(by_variation: list[list[dict]], passed, k: int) -> float:
+    """Pass@k averaged over variations, each with its own episodes (seeds)."""
+    return statistics.fmean(pass_at_k(len(episodes), sum(map(passed, episodes)), k) for episodes in by_variation)
 
 
 def _paper(task: str, method: str) -> str:
@@ -241,43 +264,64 @@ def _paper(task: str, method: str) -> str:
     return f"{mean:.1f} ± {std:.1f}"
 
 
-def markdown_table(rows: list[TaskScore], policy: str, variations: int, episodes_per_variation: int) -> str:
+def markdown_table(
+    rows: list[TaskScore], policy: str, variations: int, episodes_per_variation: int, pass_score: float
+) -> str:
     lines = [
         f"Policy `{policy}`: test variations, no memory; score mean ± std over seeds (– with one seed); "
         "success = done and score > 70.",
         f"Here the first {variations} test variations x {episodes_per_variation} episodes per task; the paper "
         "(Table 1, Qwen2.5-7B-Instruct): 20 x 4.",
         "",
-        "| task | variations x seeds | score | success | paper EMPO2 | paper GRPO |",
-        "|---|---|---|---|---|---|",
+        f"Pass@1 / Pass@k over the k seeds of each variation: success, then score >= {pass_score:g}; "
+        "best-of-k: the mean best score of a variation's k episodes.",
+        "",
+        "| task | variations x seeds | score | success | Pass@1 / Pass@k | Pass@1 / Pass@k (score) | best-of-k "
+        "| paper EMPO2 | paper GRPO |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r.task} | {r.variations} x {len(r.seed_means)} | {r.score_mean:.1f} ± "
             f"{f'{r.score_std:.1f}' if len(r.seed_means) > 1 else '–'} | "
-            f"{100 * r.success_rate:.0f}% | {_paper(r.task, 'EMPO2')} | {_paper(r.task, 'GRPO')} |"
+            f"{100 * r.success_rate:.0f}% | {r.pass_at_1:.2f} / {r.pass_at_k:.2f} (k={r.k}) | "
+            f"{r.pass_score_at_1:.2f} / {r.pass_score_at_k:.2f} | {r.best_of_k:.1f} | "
+            f"{_paper(r.task, 'EMPO2')} | {_paper(r.task, 'GRPO')} |"
         )
     if rows:
         mean = statistics.fmean(r.score_mean for r in rows)
         success = statistics.fmean(r.success_rate for r in rows)
-        lines.append(f"| **mean** | | {mean:.1f} | {100 * success:.0f}% | | |")
+        lines.append(f"| **mean** | | {mean:.1f} | {100 * success:.0f}% | | | | | |")
     return "\n".join(lines) + "\n"
 
 
-def write_results(out: Path, meta: dict, rows: list[TaskScore], complete: bool) -> dict:
+def write_results(
+    out: Path, meta: dict, rows: list[TaskScore], complete: bool, records: list[dict] | None = None
+) -> dict:
+    """results.json, results.csv and table.md of the scored `rows`; with the episode `records`, the
+    mean score's and success rate's bootstrap 95% intervals over episodes too (for the curves)."""
     report = {**meta, "complete": complete, "tasks": [asdict(r) for r in rows]}
     if rows:
         report["mean_score"] = statistics.fmean(r.score_mean for r in rows)
         report["mean_success_rate"] = statistics.fmean(r.success_rate for r in rows)
+    if records:
+        report["mean_score_ci"] = bootstrap_ci([r["score"] for r in records])
+        report["mean_success_rate_ci"] = bootstrap_ci([float(r["success"]) for r in records])
     (out / "results.json").write_text(json.dumps(report, indent=1))
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["task", "variations", "episodes", "score_mean", "score_std", "success_rate"])
+        writer.writerow(
+            ["task", "variations", "episodes", "score_mean", "score_std", "success_rate", "k", "pass_at_1"]
+            + ["pass_at_k", "pass_score_at_1", "pass_score_at_k", "best_of_k"]
+        )
         for r in rows:
             writer.writerow(
-                [r.task, r.variations, r.episodes, f"{r.score_mean:.3f}", f"{r.score_std:.3f}", r.success_rate]
+                [r.task, r.variations, r.episodes, f"{r.score_mean:.3f}", f"{r.score_std:.3f}", r.success_rate, r.k]
+                + [f"{x:.4f}" for x in (r.pass_at_1, r.pass_at_k, r.pass_score_at_1, r.pass_score_at_k, r.best_of_k)]
             )
-    table = markdown_table(rows, meta["policy"], meta["variations_per_task"], meta["episodes_per_variation"])
+    table = markdown_table(
+        rows, meta["policy"], meta["variations_per_task"], meta["episodes_per_variation"], meta["pass_score"]
+    )
     (out / "table.md").write_text(table)
     return report
 
@@ -316,16 +360,17 @@ def run(cfg: PipelineConfig, overrides: list[str]) -> dict:
         "temperature": cfg.eval.temperature,
         "variations_per_task": cfg.eval.variations,
         "episodes_per_variation": cfg.eval.episodes,
+        "pass_score": cfg.eval.pass_score,
         "memory": False,
     }
     play_cfg = eval_config(cfg, policy)
-    roles = [] if cfg.eval.reuse_servers else [r for r in role_commands(cfg) if r[0].startswith("policy_server")]
+    roles = [] if cfg.eval.reuse_servers else [r for r in run_roles(cfg) if r[0].startswith("policy_server")]
     serve = [] if policy.label == "base" else [f"model.name={policy.model}"]
     launcher = Launcher(cfg, [*overrides, *serve, f"run_dir={cfg.run_dir}"], roles=roles)
     launcher.log_dir = out / "logs"
     with ExitStack() as cleanup:
         cleanup.callback(launcher.stop)  # registered first, so it runs last and also after a partial start
-        pool = EnvActor(play_cfg)
+        pool = EnvActor(play_cfg.env_actor, play_cfg.env, run_facts(play_cfg))
         cleanup.callback(pool.close)
         env = pool.workers[0].env
         assignments = plan(tasks, {t: env.test_variations(t) for t in tasks}, cfg.eval.variations, cfg.eval.episodes)
@@ -353,7 +398,9 @@ def run(cfg: PipelineConfig, overrides: list[str]) -> dict:
             pool.play_all(todo, cfg.eval.temperature, on_episode=record)
     wanted = {episode_key(a.task, a.variation, a.seed) for a in assignments}
     records = [r for key, r in episodes_log.read().items() if key in wanted]
-    report = write_results(out, meta, summarize(records, tasks), complete=len(records) == len(assignments))
+    report = write_results(
+        out, meta, summarize(records, tasks, cfg.eval.pass_score), len(records) == len(assignments), records
+    )
     if report["complete"] and todo:  # once per evaluation, when its last episode was played
         append_to_metrics_log(cfg, policy, report)
     report["out_dir"] = str(out)
@@ -376,6 +423,7 @@ def append_to_metrics_log(cfg: PipelineConfig, policy: PolicyChoice, report: dic
         "wall_time": time.time(),
         "mean_score": report["mean_score"],
         "mean_success_rate": report["mean_success_rate"],
+        **{key: report[key] for key in ("mean_score_ci", "mean_success_rate_ci") if key in report},
         "variations_per_task": report["variations_per_task"],
         "episodes_per_variation": report["episodes_per_variation"],
         "tasks": {t["task"]: {k: t[k] for k in ("score_mean", "score_std", "success_rate")} for t in report["tasks"]},
@@ -384,9 +432,7 @@ def append_to_metrics_log(cfg: PipelineConfig, policy: PolicyChoice, report: dic
         f.write(json.dumps(record) + "\n")
 
 
-def main(argv: list[str] | None = None, cfg: PipelineConfig | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    cfg = cfg or role_config("empo2-eval", argv)
+def main(argv: list[str], cfg: PipelineConfig) -> int:
     setup_logging("eval")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # closing ScienceWorld logs harmless tracebacks at INFO
     interrupt_on_sigterm()  # `kill` and test clean-ups take the Ctrl-C path: the started servers are stopped

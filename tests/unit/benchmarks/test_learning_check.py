@@ -1,22 +1,58 @@
-"""benchmarks/learning_check.py without processes: the 95% t-interval, and the base table
-collected from an evaluation's episodes file."""
+"""benchmarks/learning_check.py without processes: the base table collected from an evaluation's
+episodes file, and the paired comparison collected from hand-made evaluations of three policies."""
 
 from __future__ import annotations
 
 import json
-import math
+from dataclasses import asdict
 from types import SimpleNamespace
 
 import pytest
 
 import benchmarks.learning_check as lc
-from evaluation.eval import EpisodeLog
+from evaluation.eval import EpisodeLog, summarize
 
 
-def test_confidence_interval_is_a_t_interval_over_seed_means():
-    mean, half = lc.confidence_interval([10.0, 20.0, 30.0])
-    assert mean == 20.0 and half == pytest.approx(4.303 * 10.0 / math.sqrt(3))
-    assert math.isnan(lc.confidence_interval([5.0])[1])
+def _evaluation(run_dir, scores: dict, variations=2, seeds=2):
+    """A final evaluation's files: results.json (as empo2-eval writes it) and its episodes file."""
+    out = run_dir / "eval" / "x"
+    out.mkdir(parents=True)
+    log = EpisodeLog(out / "episodes.jsonl")
+    records = []
+    for (variation, seed), score in scores.items():
+        record = {"task": "boil", "variation": variation, "seed": seed, "score": score, "done": True}
+        record["success"] = score > 70
+        log.append(record)
+        records.append(record)
+    rows = summarize(records, ["boil"], 50.0)
+    report = {"variations_per_task": variations, "episodes_per_variation": seeds, "tasks": [asdict(r) for r in rows]}
+    (out / "results.json").write_text(json.dumps(report))
+    (run_dir / "summary.json").write_text(
+        json.dumps({"wall_seconds": 60, "server_versions_at_end": [3], "episodes": 8, "reflections": 0, "restarts": {}})
+    )
+
+
+def test_compare_pairs_the_policies_on_their_common_units(tmp_path, monkeypatch):
+    monkeypatch.setattr(lc, "RESULTS", tmp_path / "results")
+    (tmp_path / "results").mkdir()
+    root = tmp_path / "runs"
+    units = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    _evaluation(root / "base", dict.fromkeys(units, 0.0))
+    for seed, shift in ((0, 10.0), (1, 30.0)):  # two training seeds: a unit's EMPO2 score is their mean, 20
+        _evaluation(root / "empo2" / f"seed{seed}", {u: shift for u in units})
+    _evaluation(root / "grpo" / "seed0", {u: 5.0 * i for i, u in enumerate(units)})
+    args = SimpleNamespace(tasks=["boil"], variations=2, episodes=2, seeds=[0, 1], budget_min=1.0, lr=1e-5)
+    assert lc.collect_compare(root, args) == 0
+    result = json.loads((tmp_path / "results" / "learning_check_compare.json").read_text())
+    assert result["policies"]["empo2"]["mean"] == pytest.approx(20.0)
+    assert result["policies"]["grpo"]["mean"] == pytest.approx(7.5) and result["policies"]["base"]["n"] == 4
+    pairs = {(p["a"], p["b"]): p for p in result["pairs"]}
+    assert pairs[("empo2", "base")]["difference"]["mean"] == pytest.approx(20.0)
+    assert pairs[("empo2", "base")]["p_value"] == pytest.approx(2 / 16)  # 4 equal positive differences
+    assert pairs[("empo2", "grpo")]["difference"]["mean"] == pytest.approx(12.5)
+    assert set(result["training"]) == {"empo2/seed0", "empo2/seed1", "grpo/seed0"}  # grpo/seed1 left out
+    table = (tmp_path / "results" / "learning_check_compare.md").read_text()
+    assert "| empo2 − base | 20.0 [20.0, 20.0] | 0.125 |" in table
 
 
 def test_collect_writes_the_table_of_what_was_played(tmp_path, monkeypatch):
@@ -38,6 +74,6 @@ def test_collect_writes_the_table_of_what_was_played(tmp_path, monkeypatch):
     assert result["tasks_evaluated"] == 2 and result["tasks_planned"] == 3 and result["complete"] is False
     assert result["tasks_with_signal"] == ["find-animal"]
     assert (
-        "| find-animal | 2 x 1 | 12.5 ± – | 0% | 100.0 ± 0.0 | 72.4 ± 6.8 |"
+        "| find-animal | 2 x 1 | 12.5 ± – | 0% | 0.00 / 0.00 (k=1) | 0.00 / 0.00 | 12.5 | 100.0 ± 0.0 | 72.4 ± 6.8 |"
         in (tmp_path / "results" / "learning_check_base.md").read_text()
     )

@@ -51,23 +51,31 @@ def test_summarize_std_over_seeds_and_success_rate():
         _record("boil", 0, 1, 0),
         _record("boil", 1, 1, 50, done=False),
     ]
-    [row] = summarize(records, ["boil", "melt"])  # a task without episodes has no row
+    [row] = summarize(records, ["boil", "melt"], 50.0)  # a task without episodes has no row
     assert row.seed_means == [75.0, 25.0]
     assert row.score_mean == pytest.approx(50.0)
     assert row.score_std == pytest.approx(35.3553, rel=1e-4)  # sample std of the two seed means
     assert row.success_rate == 0.25 and (row.variations, row.episodes) == (2, 4)
+    # variation 0: scores 100 (success) and 0; variation 1: 50 and 50 (not done): k = 2 seeds each
+    assert row.k == 2 and row.pass_at_1 == pytest.approx(0.25) and row.pass_at_k == pytest.approx(0.5)
+    assert row.pass_score_at_1 == pytest.approx(0.75) and row.pass_score_at_k == pytest.approx(1.0)
+    assert row.best_of_k == pytest.approx(75.0)
 
 
 def test_table_puts_the_papers_numbers_beside_ours(tmp_path):
-    rows = summarize([_record("find-animal", 0, 0, 100), _record("boil", 0, 0, 10)], ["find-animal", "boil"])
-    table = markdown_table(rows, "base", 1, 1)
-    assert "| find-animal | 1 x 1 | 100.0 ± – | 100% | 100.0 ± 0.0 | 72.4 ± 6.8 |" in table
-    assert "| boil | 1 x 1 | 10.0 ± – | 0% |  |  |" in table
-    two_seeds = summarize([_record("boil", 0, 0, 10), _record("boil", 0, 1, 30)], ["boil"])
-    assert "| boil | 1 x 2 | 20.0 ± 14.1 | 0% |" in markdown_table(two_seeds, "base", 1, 2)
-    meta = {"policy": "base", "variations_per_task": 1, "episodes_per_variation": 1}
+    rows = summarize([_record("find-animal", 0, 0, 100), _record("boil", 0, 0, 10)], ["find-animal", "boil"], 50.0)
+    table = markdown_table(rows, "base", 1, 1, 50.0)
+    assert "| find-animal | 1 x 1 | 100.0 ± – | 100% | 1.00 / 1.00 (k=1) | 1.00 / 1.00 | 100.0 | 100.0 ± 0.0 |" in table
+    assert "| boil | 1 x 1 | 10.0 ± – | 0% | 0.00 / 0.00 (k=1) | 0.00 / 0.00 | 10.0 |  |  |" in table
+    two_seeds = summarize([_record("boil", 0, 0, 10), _record("boil", 0, 1, 30)], ["boil"], 50.0)
+    assert "| boil | 1 x 2 | 20.0 ± 14.1 | 0% |" in markdown_table(two_seeds, "base", 1, 2, 50.0)
+    meta = {"policy": "base", "variations_per_task": 1, "episodes_per_variation": 1, "pass_score": 50.0}
     report = write_results(tmp_path, meta, rows, complete=True)
-    assert report["mean_score"] == pytest.approx(55.0)
+    assert report["mean_score"] == pytest.approx(55.0) and "mean_score_ci" not in report
+    episodes = [_record("boil", 0, s, 10.0 * s) for s in range(4)]
+    low, high = write_results(tmp_path, meta, summarize(episodes, ["boil"], 50.0), True, episodes)["mean_score_ci"]
+    assert 0.0 <= low < 15.0 < high <= 30.0  # the bootstrap interval of the mean over episodes
+    report = write_results(tmp_path, meta, rows, complete=True)
     assert json.loads((tmp_path / "results.json").read_text())["tasks"][0]["task"] == "find-animal"
     assert (tmp_path / "results.csv").read_text().splitlines()[1].startswith("find-animal,1,1,100.000")
 
@@ -114,7 +122,7 @@ def test_resolve_policy_base_latest_and_a_directory(tmp_path):
 
 
 def test_eval_keys_are_validated():
-    from pipeline.config import ConfigError
+    from common.config import ConfigError
 
     with pytest.raises(ConfigError, match="eval.tasks"):
         load_config(["eval.tasks=[not-a-task]"])
