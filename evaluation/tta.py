@@ -63,7 +63,7 @@ def tta_roles(cfg: PipelineConfig) -> list[RoleSpec]:
 def wait_for_servers(worker: EnvWorker, launcher: Launcher) -> None:
     """The policy servers and the memory service ready; a started process that died ends the run
     with its log's last lines instead of a long wait."""
-    endpoints = [*worker.cfg.endpoints.policy_servers, worker.cfg.endpoints.memory_service]
+    endpoints = [*worker.run_facts.endpoints.policy_servers, worker.run_facts.endpoints.memory_service]
     print(f"[tta] waiting for {', '.join(endpoints)}", flush=True)
     worker.wait_ready(buffer=False, memory=True, on_wait=lambda _endpoint, _left: launcher.check_alive())
 
