@@ -257,6 +257,8 @@ class RunFacts:
     # what the servers check at the door (their model's vocabulary they add themselves); default: nothing
     door: DoorLimits = field(default_factory=lambda: DoorLimits(0, frozenset(), 0, 0, 0, 0, 0))
     metrics_port: int = 0  # this process's Prometheus port (pipeline/roles.py; 0: none)
+    # this process's heartbeat file (common/heartbeat.py), <run_dir>/heartbeats/<its name>; "": none
+    heartbeat_path: str = ""
 
     def run_path(self, *parts: str) -> Path:
         """A path in the run directory, its parent made."""

@@ -293,7 +293,10 @@ class LaunchMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.restarts = Counter(
-            "empo2_launch_restarts", "Times a role was started again after it exited", ["role"], registry=self.registry
+            "empo2_launch_restarts",
+            "Times a role was started again: after it exited (reason exit) or was killed for no progress (hung)",
+            ["role", "reason"],
+            registry=self.registry,
         )
         self.role_up = Gauge(
             "empo2_launch_role_up", "1 while the role's process runs", ["role"], registry=self.registry

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import RunFacts
+from common.heartbeat import HEARTBEAT
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +214,7 @@ def run_role(name: str, run: RunFacts, build: Callable[[], Any]) -> None:
 
     setup_logging(name)
     exit_on_sigterm()
+    HEARTBEAT.start(run.heartbeat_path)  # the role beats from its work loop (common/heartbeat.py)
     process = build()
     process.metrics.serve(run.metrics.host, run.metrics_port)
     try:

@@ -14,6 +14,7 @@ from typing import Any
 
 import zmq
 
+from common.heartbeat import beat
 from common.metrics import RoleMetrics
 from protocol import Message, ProtocolError, bind_router, recv_request, send_reply
 from protocol.codec import MAX_DETAIL_CHARS
@@ -25,6 +26,8 @@ log = logging.getLogger(__name__)
 # Refused input is logged as one bounded line per message, at most this many lines a minute; the rest
 # are summed up in the next line that is written (a fuzz run of 10,000 inputs wrote 131 MB before).
 REJECTION_LOG_LINES_PER_MINUTE = 20
+# An idle request loop still turns this often, and each turn is a heartbeat (common/heartbeat.py).
+IDLE_POLL_MS = 1000
 
 
 class RejectionLog:
@@ -119,12 +122,14 @@ def serve_requests(
     """Bind a ROUTER at `endpoint` and answer every request with its handler's reply, forever;
     every message is checked against `limits` first (dispatch). A reply wrapped in AfterCommit is
     held; at most `commit_interval_s` after the first one held, `commit()` runs and every held
-    reply goes out (requests keep being served meanwhile)."""
+    reply goes out (requests keep being served meanwhile). Every turn of the loop, an idle one at
+    least every IDLE_POLL_MS, is a heartbeat: a stuck handler or commit stops it."""
     sock = bind_router(zmq.Context.instance(), endpoint)
     watch_handshakes(sock, metrics.handshake_failures)
     held: list[tuple[bytes, Message]] = []  # (client, reply) waiting for the next commit
     due = 0.0
     while True:
+        beat()
         if held:
             wait_ms = max(0, int((due - time.monotonic()) * 1000))
             if wait_ms == 0 or not sock.poll(wait_ms, zmq.POLLIN):
@@ -134,6 +139,8 @@ def serve_requests(
                     metrics.messages_out.labels(reply.KIND).inc()
                 held.clear()
                 continue
+        elif not sock.poll(IDLE_POLL_MS, zmq.POLLIN):
+            continue
         try:
             request = recv_request(sock)  # a malformed request is answered with ErrorReply there
         except ProtocolError as exc:

@@ -22,6 +22,11 @@ class LaunchConfig:
     restart_window_s: float = 600.0
     backoff_s: float = 2.0
     backoff_max_s: float = 60.0
+    # Hang detection: a role whose heartbeat (<run_dir>/heartbeats/<name>, touched by its own work
+    # loop: common/heartbeat.py) stays still this long is killed and restarted, a restart with reason
+    # `hung`. Before its first beat a process has max(this, startup_timeout_s) (model loads, JVMs).
+    # Must exceed the per-request timeouts its waits retry after (pipeline/config.py). 0 = off.
+    hang_timeout_s: float = 600.0
 
     def validate(self) -> None:
         at_least("num_env_actors", self.num_env_actors, 1)
@@ -30,3 +35,4 @@ class LaunchConfig:
         positive("restart_window_s", self.restart_window_s)
         at_least("backoff_s", self.backoff_s, 0)
         at_least("backoff_max_s", self.backoff_max_s, self.backoff_s)
+        at_least("hang_timeout_s", self.hang_timeout_s, 0)

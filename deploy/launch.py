@@ -5,8 +5,12 @@ policy servers, memory service, replay buffer, env actors, learner (the role tab
 pipeline/roles.py, run_roles). A role that exits is started again after a backoff (launch.backoff_s, doubling,
 at most launch.backoff_max_s): the learner resumes from its newest checkpoint, the replay buffer
 replays its log, the memory service reopens its database. Each restart is printed and counted
-(empo2_launch_restarts_total{role}); a role restarted more than launch.restart_budget times
+(empo2_launch_restarts_total{role,reason}); a role restarted more than launch.restart_budget times
 within launch.restart_window_s stops the run with its name, exit status and last log lines.
+A role that makes no progress is restarted too: its heartbeat file (<run_dir>/heartbeats/<name>,
+touched by its own work loop, common/heartbeat.py) still for launch.hang_timeout_s gets its group
+SIGKILLed, and the restart is counted with reason `hung` (empo2_launch_restarts_total{role,reason},
+the log line, the state file's restart_reasons).
 The run ends when the learner exits 0 (or launch.timeout_s passes), and a summary is printed.
 
 While it runs the launcher serves its own metrics on metrics.port("launch") and keeps
@@ -36,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.config import ConfigError
+from common.heartbeat import heartbeat_path, last_beat
 from common.metrics import LaunchMetrics
 from common.model_prep import resolve_model
 from common.process import (
@@ -76,6 +81,9 @@ class Child:
     restart_at: float | None = None  # set while the role waits out its backoff
     last_exit: int | None = None
     stop_by: float | None = None  # scaled down: SIGTERM sent, SIGKILL after this; not restarted
+    started_at: float = field(default_factory=time.time)  # wall clock, as the heartbeat's mtime
+    reason: str = "exit"  # why it is down: "exit" (it exited) or "hung" (killed: no heartbeat)
+    restart_reasons: dict[str, int] = field(default_factory=dict)  # reason -> restarts
 
     def tail(self, lines: int = 30) -> str:
         try:
@@ -154,20 +162,31 @@ class Launcher:
                     self.children.remove(child)
                     changed = True
                 continue
+            reason, silent = "exit", None
             if rc is None:
-                continue
-            if child.spec is not None and child.spec.ends_run and rc == 0:
+                silent = self.silence(child)
+                if silent is None:
+                    continue
+                reason = "hung"
+            elif child.spec is not None and child.spec.ends_run and rc == 0:
                 return "done"
             # what a crash leaves of the role's group (its JVM, a vLLM engine core) would hold
             # its ports and memory: gone before the role starts again, with the shared memory
             # its engine mapped and the semaphores of its dead processes (the resource trackers that
             # would unlink them died with the role)
             leftover_shm = group_shm_files(child.process)
-            signal_group(child.process, signal.SIGKILL)
+            signal_group(child.process, signal.SIGKILL)  # also a SIGSTOPped group
             wait_group(child.process, now + launch.stop_grace_s)
             for path in unlink_unmapped(leftover_shm | orphaned_semaphores()):
                 print(f"[launch] {child.name}: removed its leftover {path}", flush=True)
-            child.last_exit = rc
+            if rc is None:  # a hung one, killed just now
+                rc = -signal.SIGKILL if child.process.returncode is None else child.process.returncode
+            what = (
+                f"hung: no progress for {silent:.0f}s (launch.hang_timeout_s={launch.hang_timeout_s:.0f}), killed"
+                if reason == "hung"
+                else f"exited with {rc}"
+            )
+            child.last_exit, child.reason = rc, reason
             self.metrics.role_up.labels(child.name).set(0)
             self.metrics.last_exit_code.labels(child.name).set(rc)
             changed = True
@@ -175,20 +194,35 @@ class Launcher:
             if len(recent) >= launch.restart_budget:
                 self.write_state()
                 return (
-                    f"failed: {child.name} exited with {rc}; restart budget spent "
+                    f"failed: {child.name} {what}; restart budget spent "
                     f"({len(recent)} restarts within launch.restart_window_s={launch.restart_window_s:.0f}s, "
                     f"launch.restart_budget={launch.restart_budget})"
                 )
             delay = min(launch.backoff_s * 2 ** len(recent), launch.backoff_max_s)
             child.restart_at = now + delay
             print(
-                f"[launch] {child.name} (pid {child.process.pid}) exited with {rc}; restarting in {delay:.1f}s "
-                f"(restart {child.restarts + 1}, {len(recent)} within {launch.restart_window_s:.0f}s)",
+                f"[launch] {child.name} (pid {child.process.pid}) {what}; restarting in {delay:.1f}s "
+                f"(restart {child.restarts + 1}, reason {reason}, {len(recent)} within {launch.restart_window_s:.0f}s)",
                 flush=True,
             )
         if changed:
             self.write_state()
         return None
+
+    def silence(self, child: Child) -> float | None:
+        """Seconds `child` has made no progress, once past its limit (None while within it, for a
+        role without a heartbeat, and with launch.hang_timeout_s=0): since its last beat, or
+        since its start until its first beat, which may take max(hang_timeout_s, startup_timeout_s)."""
+        hang_s = self.cfg.launch.hang_timeout_s
+        if not hang_s or child.spec is None or not child.spec.heartbeat:
+            return None
+        beat = last_beat(heartbeat_path(self.cfg.run_dir, child.name))
+        if beat is not None and beat >= child.started_at:  # a beat of this process, not of the last one
+            since, limit = beat, hang_s
+        else:
+            since, limit = child.started_at, max(hang_s, self.cfg.startup_timeout_s)
+        silent = time.time() - since
+        return silent if silent > limit else None
 
     def scale_env_actors(self, count: int, now: float) -> None:
         """Run `count` env actors: start the missing ones at once (the lowest free indices), stop
@@ -217,13 +251,18 @@ class Launcher:
             self.scale_env_actors(request, now)
 
     def _restart(self, child: Child, now: float) -> None:
+        child.started_at = time.time()
         child.process = self._spawn(child.spec)
         child.restart_at = None
         child.restarts += 1
         child.restart_times.append(now)
-        self.metrics.restarts.labels(child.name).inc()
+        child.restart_reasons[child.reason] = child.restart_reasons.get(child.reason, 0) + 1
+        self.metrics.restarts.labels(child.name, child.reason).inc()
         self.metrics.role_up.labels(child.name).set(1)
-        print(f"[launch] restarted {child.name} (pid {child.process.pid}), restart {child.restarts}", flush=True)
+        print(
+            f"[launch] restarted {child.name} (pid {child.process.pid}), restart {child.restarts}, reason {child.reason}",
+            flush=True,
+        )
 
     def write_state(self) -> None:
         if not self.publish:
@@ -237,6 +276,7 @@ class Launcher:
                 "pid": c.process.pid,
                 "up": c.restart_at is None and c.process.poll() is None,
                 "restarts": c.restarts,
+                "restart_reasons": c.restart_reasons,  # {"exit": n, "hung": m}
                 "last_exit": c.last_exit,
                 "metrics": f"{m.host}:{m.port(c.spec.kind, c.spec.index)}",
                 "log": str(c.log_path),

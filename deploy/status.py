@@ -78,6 +78,7 @@ def status(roles: list[dict], interval_s: float) -> dict:
         per_role[r["name"]] = {
             "up": bool(s),
             "restarts": r.get("restarts", 0),
+            "hung": r.get("restart_reasons", {}).get("hung", 0),  # of the restarts: no heartbeat
             "last_exit": r.get("last_exit"),
             "policy_version": next((v for k, v in s.items() if k.endswith("_policy_version")), None),
             "errors": errors,
@@ -119,7 +120,8 @@ def render(report: dict, source: str) -> str:
         version = "-" if r["policy_version"] is None else f"{r['policy_version']:.0f}"
         last_exit = "-" if r["last_exit"] is None else str(r["last_exit"])
         errors = ", ".join(f"{k} {v:.0f}" for k, v in r["errors"].items())
-        detail = "  ".join(x for x in (errors, r["last_error"] or "") if x)
+        hung = f"restarted hung {r['hung']}" if r.get("hung") else ""
+        detail = "  ".join(x for x in (hung, errors, r["last_error"] or "") if x)
         state = "up" if r["up"] else "DOWN"
         lines.append(f"{name:<16} {state:<6} {r['restarts']:>8} {last_exit:>9} {version:>7}  {detail}")
     lines.append("")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 import torch
 
+from common.heartbeat import beat
 from learner import distributed
 from learner.config import LearnerConfig, Packing
 from learner.loss import (
@@ -293,6 +294,7 @@ def score_without_grad(model, seqs: list[Scored], budget: int, share: bool = Fal
     laid, lengths = rows(seqs, budget, share)
     with torch.no_grad():
         for mb in distributed.synced(micro_batches(lengths, budget)):
+            beat()  # a step takes minutes on a CPU: each micro-batch is progress (common/heartbeat.py)
             batch = [[seqs[j] for j in laid[r]] for r in mb] or [[chain([_PAD])]]
             targets = torch.from_numpy(np.concatenate([s.targets() for row in batch for s in row]).astype(np.int64))
             logp = token_logprobs(batch_log_softmax(model, batch), targets.to(device))
@@ -539,6 +541,7 @@ def train_step(
             optimizer.zero_grad(set_to_none=True)
             mb_totals = StepTotals()
             for micro in distributed.synced(micro_batches(lengths, budget)):
+                beat()
                 chosen = [mini[j] for j in micro]  # rows of segments of sample indices
                 order = [i for row in chosen for seg in row for i in seg]
                 loss, micro_totals = micro_batch_loss(

@@ -34,6 +34,7 @@ import torch
 import zmq
 
 from common.config import RunFacts, WeightSyncConfig
+from common.heartbeat import beat
 from common.metrics import METRICS_LOG, LearnerMetrics
 from common.model_prep import resolve_model
 from common.process import run_role
@@ -244,12 +245,16 @@ class Learner:
         return self.trainer.version
 
     def run(self) -> dict:
+        def waiting(endpoint: str, left: float) -> None:
+            beat()  # the start-up wait loop turns: progress (common/heartbeat.py)
+            log.info("waiting for %s (%.0fs left)", endpoint, left)
+
         for client in [self.buffer, *self.policies] if self.is_rank0 else []:
             wait_until_ready(
                 client,
                 "learner",
                 self.run_facts.startup_timeout_s,
-                on_wait=lambda left, ep=client.endpoint: log.info("waiting for %s (%.0fs left)", ep, left),
+                on_wait=lambda left, ep=client.endpoint: waiting(ep, left),
             )
         if self.version > 0:  # resumed: the servers start from the base model, give them ours
             self.push()
@@ -324,8 +329,10 @@ class Learner:
             self._call_buffer(BatchConfirm(batch_id=batch_id))
 
     def _call_buffer(self, msg):
-        """buffer.call(msg), asked again after each timeout (the learner has nothing to do without it)."""
+        """buffer.call(msg), asked again after each timeout (the learner has nothing to do without it).
+        Each attempt is progress of the wait (common/heartbeat.py): a hung buffer is found by its own."""
         while True:
+            beat()
             try:
                 return self.buffer.call(msg)
             except RequestTimeout as exc:

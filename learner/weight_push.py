@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from common.config import WeightSyncConfig
+from common.heartbeat import beat
 from learner.lora import adapter_tensors, is_lora
 from protocol import Client, RequestTimeout
 from protocol.messages import (
@@ -106,8 +107,11 @@ class PushStalled(RuntimeError):
 
 
 def with_retries(client: Client, version: int, timeout_s: float, attempts: int, push_one):
-    """push_one(client) (one whole update to it), again after each timeout, `attempts` times in all."""
+    """push_one(client) (one whole update to it), again after each timeout, `attempts` times in all.
+    Each attempt is progress of the learner (common/heartbeat.py): a hung server is found by its own
+    heartbeat, which is why launch.hang_timeout_s must exceed learner.push_timeout_s."""
     for attempt in range(1, attempts + 1):
+        beat()
         try:
             return push_one(client)
         except RequestTimeout as exc:
@@ -133,6 +137,7 @@ def push_weights(clients: list[Client], chunks: list[WeightChunk], timeout_s: fl
     def send_all(client: Client) -> WeightUpdateAck:
         for chunk in chunks:
             ack = client.call(chunk, timeout_s=timeout_s)
+            beat()
             if not isinstance(ack, WeightUpdateAck):
                 raise RuntimeError(f"{client.endpoint} answered {ack.KIND} to a weight chunk")
         return ack

@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 
 from common.config import RunFacts
+from common.heartbeat import heartbeat_path
 from pipeline.config import ConfigError, PipelineConfig, load_config, run_facts, to_yaml
-from pipeline.roles import LEARNER_TOKEN_ENV, ROLES, Role, process_index
+from pipeline.roles import LEARNER_TOKEN_ENV, ROLES, Role, process_index, process_name
 
 # what every role is given beside its own sections (RunFacts), shown by its --help
 _SHARED = ("run_dir", "seed", "startup_timeout_s", "model", "endpoints", "metrics", "security")
@@ -121,14 +122,16 @@ def given(command: str, cfg: PipelineConfig) -> dict:
 
 
 def role_facts(role: Role, cfg: PipelineConfig) -> RunFacts:
-    """The run's facts for one process of `role`, with its metrics port; a process past its kind's
-    port range stops here (exit 2)."""
+    """The run's facts for one process of `role`, with its metrics port and its heartbeat file
+    (<run_dir>/heartbeats/<its name>, what the launcher watches); a process past its kind's port
+    range stops here (exit 2)."""
+    index = process_index(role, cfg)
     try:
-        port = cfg.metrics.port(role.metrics, process_index(role, cfg)) if role.metrics else 0
+        port = cfg.metrics.port(role.metrics, index) if role.metrics else 0
     except ConfigError as exc:
         print(f"{role.command}: bad configuration: {exc}", file=sys.stderr)
         sys.exit(2)
-    return run_facts(cfg, port)
+    return run_facts(cfg, port).with_(heartbeat_path=str(heartbeat_path(cfg.run_dir, process_name(role, index))))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -210,6 +210,21 @@ def _cross_section_rules(cfg: PipelineConfig) -> None:
             "the servers would refuse the weight file",
         )
 
+    # hang detection: a role waiting on a hung peer retries after these timeouts and beats per
+    # attempt (common/heartbeat.py); a limit under one would restart the waiting role, not the peer
+    hang = cfg.launch.hang_timeout_s
+    for key, wait_s in (
+        ("learner.push_timeout_s", lr.push_timeout_s),
+        ("env_actor.generate_timeout_s", cfg.env_actor.generate_timeout_s),
+        ("env_actor.buffer_timeout_s", cfg.env_actor.buffer_timeout_s),
+    ):
+        check(
+            not hang or hang > wait_s,
+            "launch.hang_timeout_s",
+            f"{hang} must exceed {key} ({wait_s}) or be 0 (off): a role waiting on a hung peer would be "
+            "taken for hung itself",
+        )
+
     if ev.every_steps:  # the periodic evaluation scores the learner's checkpoints on its own server
         check(
             lr.checkpoint_every > 0 and ev.every_steps % lr.checkpoint_every == 0,

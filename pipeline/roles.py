@@ -106,6 +106,9 @@ class RoleSpec(NamedTuple):
     ends_run: bool = False  # its exit 0 ends the run (the learner); any other exit is restarted
     args: tuple[str, ...] = ()  # its own overrides, after the run's (so they win)
     learner_token: bool = False  # it is given the run's learner token (LEARNER_TOKEN_ENV)
+    # it beats <run_dir>/heartbeats/<name> (common/heartbeat.py): the launcher restarts it when the file
+    # stays still for launch.hang_timeout_s (a role does; a driver, the evaluator, does not)
+    heartbeat: bool = False
 
 
 def process_index(role: Role, cfg: PipelineConfig) -> int:
@@ -118,27 +121,35 @@ def process_index(role: Role, cfg: PipelineConfig) -> int:
     return 0
 
 
-def command_spec(name: str, command: str, index: int = 0, ends_run: bool = False) -> RoleSpec:
+def process_name(role: Role, index: int = 0) -> str:
+    """A process's name in a run (its RoleSpec.name: log file, state entry, `role` label, heartbeat
+    file): the kind, numbered when the role has several (policy_server0, env_actor1); a learner's
+    torchrun rank r > 0 is learner.rank<r>."""
+    kind = role.metrics or role.command
+    if role.index_key == "RANK":
+        return kind if index == 0 else f"{kind}.rank{index}"
+    return f"{kind}{index}" if role.index_key else kind
+
+
+def command_spec(command: str, index: int = 0, ends_run: bool = False) -> RoleSpec:
     role = ROLES[command]
     args = (f"{role.index_key}={index}",) if role.index_key and role.index_key != "RANK" else ()
-    return RoleSpec(name, ["pipeline", command], role.metrics or name, index, ends_run, args, role.learner_token)
+    name = process_name(role, index)
+    return RoleSpec(
+        name, ["pipeline", command], role.metrics or name, index, ends_run, args, role.learner_token, not role.driver
+    )
 
 
 def env_actor_spec(j: int) -> RoleSpec:
-    return command_spec(f"env_actor{j}", "empo2-env-actor", j)
+    return command_spec("empo2-env-actor", j)
 
 
 def run_roles(cfg: PipelineConfig) -> list[RoleSpec]:
     """The processes of a run, in start order: servers first, learner last."""
-    specs = [
-        command_spec(f"policy_server{i}", "empo2-policy-server", i) for i in range(len(cfg.endpoints.policy_servers))
-    ]
-    specs += [
-        command_spec("memory_service", "empo2-memory-service"),
-        command_spec("replay_buffer", "empo2-replay-buffer"),
-    ]
+    specs = [command_spec("empo2-policy-server", i) for i in range(len(cfg.endpoints.policy_servers))]
+    specs += [command_spec("empo2-memory-service"), command_spec("empo2-replay-buffer")]
     specs += [env_actor_spec(j) for j in range(cfg.launch.num_env_actors)]
     # eval.every_steps: the periodic evaluation, its own process (never in the learner's way)
-    specs += [command_spec("evaluator", "empo2-evaluator")] if cfg.eval.every_steps else []
-    specs += [command_spec("learner", "empo2-learner", ends_run=True)]
+    specs += [command_spec("empo2-evaluator")] if cfg.eval.every_steps else []
+    specs += [command_spec("empo2-learner", ends_run=True)]
     return specs

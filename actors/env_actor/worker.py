@@ -16,6 +16,7 @@ import zmq
 from actors.env_actor.config import EnvActorConfig
 from actors.env_actor.episode import Episode, EpisodeRunner, open_episode_runner
 from common.config import EnvConfig, RunFacts
+from common.heartbeat import beat
 from common.logs import short_id
 from common.metrics import EnvActorMetrics
 from common.scienceworld import ScienceWorld
@@ -152,6 +153,7 @@ class EnvWorker:
         for client in clients:
 
             def waiting(left: float, endpoint: str = client.endpoint) -> None:
+                beat(self.actor_id)  # the start-up wait loop turns: progress (common/heartbeat.py)
                 log.info("waiting for %s (%.0fs left)", endpoint, left)
                 if on_wait is not None:
                     on_wait(endpoint, left)
@@ -188,6 +190,7 @@ class EnvWorker:
                 continue
             finally:
                 self.chooser.release(index)
+            beat(self.actor_id)  # a turn's action: progress; a generation that never answers is not
             self.metrics.messages_out.labels(request.KIND).inc()
             self.metrics.messages_in.labels(response.KIND).inc()
             self.metrics.policy_version.set(response.policy_version)
@@ -316,8 +319,11 @@ class EnvWorker:
 
     def _call_with_retry(self, client: Client, msg, retries: int | None = None):
         """client.call(msg), again after each timeout: at most `retries` attempts, or until it is
-        answered when None (an actor has nothing to do without the buffer's assignments)."""
+        answered when None (an actor has nothing to do without the buffer's assignments). Each
+        attempt, answered (a Wait too) or timed out, is progress of this wait loop: a buffer that does
+        not answer is found by its own heartbeat (launch.hang_timeout_s > env_actor.buffer_timeout_s)."""
         for attempt in itertools.count(1):
+            beat(self.actor_id)
             try:
                 reply = client.call(msg)
                 self.metrics.messages_out.labels(msg.KIND).inc()

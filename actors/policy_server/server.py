@@ -28,6 +28,7 @@ import zmq.asyncio
 from actors.policy_server.config import PolicyServerConfig
 from actors.policy_server.weight_receiver import WeightAssembler, WeightUpdateError
 from common.config import RunFacts, WeightSyncConfig
+from common.heartbeat import HEARTBEAT, beat
 from common.logs import setup_logging
 from common.metrics import PolicyServerMetrics
 from common.model_prep import model_vocab_size, resolve_model
@@ -54,6 +55,9 @@ log = logging.getLogger("policy_server")
 # An ErrorReply carries the start of the exception text, a hint for the client's log; the
 # traceback is in this server's log (an exception from vLLM can be kilobytes long).
 ERROR_DETAIL_CHARS = 500
+# How often an idle server beats (common/heartbeat.py): idle is fine; work in flight with no
+# completion is not, and a stopped event loop or a hung engine core writes nothing.
+HEARTBEAT_TICK_S = 1.0
 
 
 class PolicyServer:
@@ -68,6 +72,7 @@ class PolicyServer:
         # WeightFile paths are read only from these (weight_sync.method=shm: /dev/shm; =checkpoint: this run's checkpoints)
         self.weight_dirs = [os.path.realpath(d) for d in [*self.scfg.allowed_weight_dirs, run.run_path("checkpoints")]]
         self.tasks: set[asyncio.Task] = set()
+        self.busy = 0  # generations and weight loads in the engine: while > 0 only a completion beats
         # vLLM's engine core died (EngineDeadError): every later request would fail, so the server
         # ends with an error and its supervisor (deploy/launch.py, systemd) starts a fresh one
         self.engine_dead = False
@@ -109,7 +114,28 @@ class PolicyServer:
         self.metrics.ready.set(1)
         self.metrics.policy_version.set(self.engine.version)
         log.info("engine ready in %.1fs, serving policy version %d", time.time() - t0, self.engine.version)
-        await recv_loop
+        heartbeat = asyncio.create_task(self._heartbeat())  # from now on: the engine's start is start-up
+        try:
+            await recv_loop
+        finally:
+            heartbeat.cancel()
+
+    async def _heartbeat(self) -> None:
+        """Beat while idle; with work in the engine only its completions beat (_engine_work)."""
+        while True:
+            if not self.busy:
+                beat()
+            await asyncio.sleep(HEARTBEAT_TICK_S)
+
+    @contextlib.asynccontextmanager
+    async def _engine_work(self):
+        """Work of the engine's: counted busy while it runs; its end, failed or not, is progress."""
+        self.busy += 1
+        try:
+            yield
+        finally:
+            self.busy -= 1
+            beat()
 
     async def _recv_loop(self) -> None:
         while True:
@@ -169,7 +195,8 @@ class PolicyServer:
         self.metrics.requests_in_flight.inc()
         t0 = time.perf_counter()
         try:
-            out = await self.engine.generate(req)
+            async with self._engine_work():
+                out = await self.engine.generate(req)
             self.metrics.generated_tokens.inc(len(out.token_ids))
             self.metrics.requests_retried.inc(out.retries)
             self.metrics.prompt_tokens.inc(out.prompt_tokens)
@@ -259,7 +286,8 @@ class PolicyServer:
                 await self._send(identity, WeightUpdateAck(version=self.engine.version, chunk_index=0, applied=False))
                 return
             update = {"names": msg.names, "dtype_names": msg.dtype_names, "shapes": msg.shapes}
-            await self.engine.receive_weights(update, msg.version)
+            async with self._engine_work():
+                await self.engine.receive_weights(update, msg.version)
         except Exception as exc:
             self.metrics.errors.labels("weight_update").inc()
             log.exception("NCCL weight transfer (%s) failed", msg.KIND)
@@ -282,7 +310,8 @@ class PolicyServer:
         afterwards (the engine holds the tensors now; in /dev/shm it would hold ~0.5 GB of RAM)."""
         t_apply = time.perf_counter()
         try:
-            await self.engine.load_weights(path, version, lora_scale)
+            async with self._engine_work():
+                await self.engine.load_weights(path, version, lora_scale)
         except Exception as exc:
             self.metrics.errors.labels("weight_update").inc()
             log.exception("applying weights v%d failed", version)
@@ -307,6 +336,7 @@ class PolicyServer:
 
 def main(policy_server: PolicyServerConfig, weight_sync: WeightSyncConfig, run: RunFacts) -> None:
     setup_logging(f"policy_server{policy_server.index}")
+    HEARTBEAT.start(run.heartbeat_path)
     server = PolicyServer(policy_server, weight_sync, run)
     server.metrics.serve(run.metrics.host, run.metrics_port)
     run_async_until_signalled(server.run(), on_exit=lambda: server.engine and server.engine.shutdown())

@@ -69,3 +69,56 @@ def test_a_dead_engine_stops_the_server_and_a_failed_request_does_not(tmp_path):
     assert [m.reason for m in sent] == ["generate_failed"] and not server.engine_dead and not stopped
     server, sent, stopped = asyncio.run(scenario(_DeadEngine()))
     assert [m.reason for m in sent] == ["generate_failed"] and server.engine_dead and stopped
+
+
+class _SlowEngine(_DeadEngine):
+    """A stand-in engine whose generation runs until `done` is set (a hung engine core, until then)."""
+
+    def __init__(self):
+        import asyncio
+
+        self.done = asyncio.Event()
+
+    async def generate(self, req):
+        from actors.policy_server.engine import Completion
+
+        await self.done.wait()
+        return Completion(np.array([1], dtype=np.int32), np.array([-0.1], dtype=np.float32), "a", "stop", 0, 2)
+
+
+def test_the_heartbeat_is_idle_time_or_completions_never_work_in_flight(tmp_path, monkeypatch):
+    """The policy server beats (common/heartbeat.py) while idle, and with a generation in the engine
+    only when one completes: a generation that never returns stops its heartbeat."""
+    import asyncio
+
+    import actors.policy_server.server as server_module
+    from protocol.messages import GenerateRequest
+
+    monkeypatch.setattr(server_module, "HEARTBEAT_TICK_S", 0.01)
+
+    async def scenario() -> None:
+        server = PolicyServer(**given("empo2-policy-server", load_config([f"run_dir={tmp_path}"])))
+        server.engine, beats = _SlowEngine(), []
+        monkeypatch.setattr(server_module, "beat", lambda lane="main": beats.append(server.busy))
+
+        async def send(identity, msg):
+            pass
+
+        server._send = send
+        ticker = asyncio.create_task(server._heartbeat())
+        await asyncio.sleep(0.05)
+        assert beats and set(beats) == {0}  # idle: beats
+        req = GenerateRequest(
+            request_id="r", prompt_token_ids=np.array([1, 2], dtype=np.int32), max_tokens=4, temperature=1.0, seed=0
+        )
+        generation = asyncio.create_task(server._generate(req, b"client"))
+        await asyncio.sleep(0.02)
+        during = len(beats)
+        await asyncio.sleep(0.1)
+        assert len(beats) == during and server.busy == 1  # in flight, not complete: no beat
+        server.engine.done.set()
+        await generation
+        assert len(beats) > during and server.busy == 0  # its completion is progress
+        ticker.cancel()
+
+    asyncio.run(scenario())

@@ -8,6 +8,8 @@
   serve:PORT      serve an env actor's metrics (common.metrics.EnvActorMetrics) on PORT, counting
                   env steps, until signalled
   token:PATH      write the learner token the launcher handed it (EMPO2_LEARNER_TOKEN) to PATH, sleep
+  beat:PATH[:S]   heart-beat to PATH (common/heartbeat.py) every 0.1 s, for S seconds if given, then
+                  sleep without a beat (a role that hangs)
 Only the last argument counts: the launcher puts its config overrides first."""
 
 import sys
@@ -29,6 +31,14 @@ if kind == "serve":
     metrics.serve("127.0.0.1", int(rest[0]))
     while True:
         metrics.env_steps.inc()
+        time.sleep(0.1)
+if kind == "beat":
+    from common.heartbeat import HEARTBEAT, beat
+
+    HEARTBEAT.start(rest[0])
+    until = time.monotonic() + (float(rest[1]) if len(rest) > 1 else float("inf"))
+    while time.monotonic() < until:
+        beat()
         time.sleep(0.1)
 if kind == "token":
     import os

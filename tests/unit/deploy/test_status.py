@@ -36,6 +36,7 @@ def test_status_from_the_roles_own_metrics(tmp_path, capsys):
             "metrics": f"127.0.0.1:{BASE}",
             "log": str(log),
             "restarts": 2,
+            "restart_reasons": {"exit": 1, "hung": 1},
             "last_exit": -9,
         },
         {"name": "replay_buffer", "kind": "replay_buffer", "metrics": f"127.0.0.1:{BASE + 1}", "log": None},
@@ -66,6 +67,7 @@ def test_status_from_the_roles_own_metrics(tmp_path, capsys):
     r = report["roles"]
     assert r["env_actor0"]["up"] and r["learner"]["up"] and not r["memory_service"]["up"]
     assert r["env_actor0"]["restarts"] == 2 and r["env_actor0"]["errors"] == {"timeout": 2.0}
+    assert r["env_actor0"]["hung"] == 1 and "restarted hung 1" in screen
     assert r["env_actor0"]["last_error"].endswith("ERROR env_actor0 policy server timed out")
     assert r["learner"]["policy_version"] == 3
     assert 3 < report["rates"]["env steps/s"] < 30 and 1 < report["rates"]["episodes/s"] < 15

@@ -1,18 +1,21 @@
 """The supervising launcher (deploy/launch.py) with stand-in role processes (role_stub.py): a
 crashed role comes back after its backoff, every restart is counted (state file, metric, summary),
-a role past its restart budget stops the run naming it, the learner's exit 0 ends it, and the
-state and scrape-target files follow the processes (deploy/run_state.py)."""
+a role past its restart budget stops the run naming it, the learner's exit 0 ends it, a role whose
+heartbeat stops is killed and restarted with reason hung, and the state and scrape-target files
+follow the processes (deploy/run_state.py)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
 
 import pytest
 
+from common.heartbeat import heartbeat_path
 from deploy.launch import Launcher
 from deploy.monitor import scrape
 from deploy.run_state import TARGETS_FILE, kill_role, read_state, wait_for_role
@@ -69,10 +72,10 @@ def test_a_crashed_role_is_restarted_and_the_learner_exit_ends_the_run(tmp_path,
         timeout_s=30,
         alive=lambda: _supervise_until(launcher, 0.2) == "still running",
     )
-    assert buffer["last_exit"] == 7 and buffer["up"]
+    assert buffer["last_exit"] == 7 and buffer["up"] and buffer["restart_reasons"] == {"exit": 1}
     assert launcher.restarts() == {"replay_buffer": 1, "learner": 0}
     samples = scrape("127.0.0.1", BASE + 102)
-    assert samples['empo2_launch_restarts_total{role="replay_buffer"}'] == 1
+    assert samples['empo2_launch_restarts_total{reason="exit",role="replay_buffer"}'] == 1
     assert samples['empo2_launch_last_exit_code{role="replay_buffer"}'] == 7
     assert samples['empo2_launch_role_up{role="learner"}'] == 1
 
@@ -96,6 +99,55 @@ def test_a_role_past_its_restart_budget_stops_the_run(tmp_path, started, capsys)
     out = capsys.readouterr().out
     assert "restarting in 0.2s (restart 1" in out and "restarting in 0.4s (restart 2" in out  # doubling, capped
     assert out.count("restarted env_actor0") == 2
+
+
+def test_a_role_whose_heartbeat_stops_is_killed_and_restarted_as_hung(tmp_path, started, capsys):
+    """launch.hang_timeout_s: a role that beats and then stops (alive, never exits: as if SIGSTOPped
+    or stuck) is killed and restarted with reason hung; one that keeps beating is left alone; one
+    that never beats has max(hang_timeout_s, startup_timeout_s) from its start; a role without a
+    heartbeat (the evaluator) is never taken for hung."""
+    beats = {name: heartbeat_path(tmp_path, name) for name in ("env_actor0", "env_actor1")}
+    roles = [
+        RoleSpec("env_actor0", [STUB], "env_actor", 0, args=(f"beat:{beats['env_actor0']}:0.5",), heartbeat=True),
+        RoleSpec("env_actor1", [STUB], "env_actor", 1, args=(f"beat:{beats['env_actor1']}",), heartbeat=True),
+        RoleSpec("memory_service", [STUB], "memory_service", 0, args=("sleep",), heartbeat=True),
+        RoleSpec("learner", [STUB], "learner", 0, args=("sleep",)),  # heartbeat=False
+    ]
+    launcher = _launcher(
+        tmp_path,
+        roles,
+        "launch.hang_timeout_s=2",
+        "startup_timeout_s=5",
+        # the hang limit must exceed the waits the roles retry after (pipeline/config.py)
+        "env_actor.generate_timeout_s=1",
+        "env_actor.buffer_timeout_s=1",
+        "learner.push_timeout_s=1",
+    )
+    started(launcher)
+    launcher.start()
+    alive = lambda: _supervise_until(launcher, 0.2) == "still running"  # noqa: E731
+    hung = wait_for_role(tmp_path, "env_actor0", restarts=1, timeout_s=30, alive=alive)
+    assert hung["restart_reasons"] == {"hung": 1} and hung["last_exit"] == -signal.SIGKILL and hung["up"]
+    silent = wait_for_role(tmp_path, "memory_service", restarts=1, timeout_s=30, alive=alive)
+    assert silent["restart_reasons"] == {"hung": 1}
+    assert launcher.restarts()["env_actor1"] == 0 and launcher.restarts()["learner"] == 0
+    samples = scrape("127.0.0.1", BASE + 102)  # env_actor0 hangs again after each restart
+    assert samples['empo2_launch_restarts_total{reason="hung",role="env_actor0"}'] == launcher.restarts()["env_actor0"]
+    out = capsys.readouterr().out
+    assert "env_actor0 (pid" in out and "restarted env_actor0" in out and "reason hung" in out
+    first_beat = re.search(r"env_actor0 \(pid \d+\) hung: no progress for (\d+)s \(launch.hang_timeout_s=2\)", out)
+    never_beat = re.search(r"memory_service \(pid \d+\) hung: no progress for (\d+)s", out)
+    assert first_beat and never_beat, out
+    assert int(never_beat[1]) >= 5  # its start-up allowance, not hang_timeout_s
+
+
+def test_hang_detection_is_off_at_zero(tmp_path, started):
+    roles = [RoleSpec("memory_service", [STUB], "memory_service", 0, args=("sleep",), heartbeat=True)]
+    launcher = _launcher(tmp_path, roles, "launch.hang_timeout_s=0", "startup_timeout_s=0.5")
+    started(launcher)
+    launcher.start()
+    assert _supervise_until(launcher, 2) == "still running"
+    assert launcher.restarts() == {"memory_service": 0}
 
 
 def test_the_scrape_targets_follow_the_processes(tmp_path, started):

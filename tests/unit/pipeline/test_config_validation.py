@@ -126,6 +126,9 @@ RULES = [
     (["memory_service.similarity_threshold=2"], "memory_service.similarity_threshold"),
     (["policy_server.gpu_memory_utilization=0"], "policy_server.gpu_memory_utilization"),
     (["launch.num_env_actors=0"], "launch.num_env_actors"),
+    (["launch.hang_timeout_s=-1"], "launch.hang_timeout_s"),
+    (["launch.hang_timeout_s=100"], "launch.hang_timeout_s"),  # under env_actor.generate_timeout_s (300)
+    (["launch.hang_timeout_s=60", "env_actor.generate_timeout_s=45"], "launch.hang_timeout_s"),  # push 300
     (["tta.trials=0"], "tta.trials"),
     (["tta.tasks=[]"], "tta.tasks"),
     # metrics ports (tests/unit/pipeline/test_metrics_ports.py has the layout)
@@ -163,6 +166,8 @@ def test_a_broken_rule_is_refused_naming_its_key(overrides, key):
         ["endpoints.policy_servers=[tcp://10.0.0.2:5550,tcp://10.0.0.3:5550]"],  # same port, other hosts
         ["endpoints.memory_service=ipc:///tmp/empo2-memory"],
         ["launch.num_env_actors=700", "env_actor.index=699"],
+        ["launch.hang_timeout_s=0", "learner.push_timeout_s=900"],  # hang detection off
+        ["launch.hang_timeout_s=60", "env_actor.generate_timeout_s=45", "learner.push_timeout_s=45"],
         ["profile=paper"],
         ["profile=e2e"],
         ["~profile"],

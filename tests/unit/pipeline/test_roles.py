@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from common.config import RunFacts
+from common.heartbeat import heartbeat_path
 from pipeline.cli import given
 from pipeline.config import PipelineConfig, load_config, run_facts
 from pipeline.roles import ROLES, run_roles
@@ -58,6 +59,23 @@ def test_given_hands_each_role_its_sections_and_its_metrics_port(tmp_path):
     assert actor["run"].memory_in_use is False and actor["run"].max_model_len == cfg.policy_server.max_model_len
     server = given("empo2-policy-server", load_config([f"run_dir={tmp_path}"]))
     assert server["run"].metrics_port == cfg.metrics.port("policy_server", 0)
+
+
+def test_each_process_is_given_the_heartbeat_file_the_launcher_watches(tmp_path):
+    """role_facts names the heartbeat file after the process's name in the run (pipeline/roles.py,
+    process_name), the same as the launcher's RoleSpec.name: what it writes is what is watched."""
+    cfg = load_config(
+        [f"run_dir={tmp_path}", "launch.num_env_actors=2", "eval.every_steps=2", "learner.checkpoint_every=2"]
+    )
+    watched = {s.name for s in run_roles(cfg) if s.heartbeat}
+    assert watched == {"policy_server0", "memory_service", "replay_buffer", "env_actor0", "env_actor1", "learner"}
+    for spec in run_roles(cfg):
+        if not spec.heartbeat:
+            assert spec.name == "evaluator"  # a driver: no heartbeat
+            continue
+        command, overrides = spec.argv[1], [f"run_dir={tmp_path}", *spec.args]
+        path = given(command, load_config(overrides))["run"].heartbeat_path
+        assert path == str(heartbeat_path(tmp_path, spec.name)), spec.name
 
 
 def test_the_run_roles_start_every_role_through_the_pipeline_command(tmp_path):
