@@ -21,6 +21,8 @@ benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import secrets
 import sys
 import tempfile
 import threading
@@ -37,6 +39,7 @@ from benchmarks.record import run_header, write_result
 from common.config import MetricsConfig
 from common.process import spawn_command, stop_group
 from deploy.monitor import scrape
+from pipeline.roles import LEARNER_TOKEN_ENV
 from protocol import Client, RemoteError, RequestTimeout
 from protocol.messages import (
     Ack,
@@ -57,6 +60,7 @@ from replay_buffer.buffer import BufferLog
 BUFFER, MEMORY, NO_POLICY = "tcp://127.0.0.1:23560", "tcp://127.0.0.1:23570", "tcp://127.0.0.1:23550"
 METRICS_BASE = 33000  # buffer 33100, memory service 33101
 CLIENT_TIMEOUT_S = 30.0
+LEARNER_TOKEN = secrets.token_urlsafe(24)  # the buffer serves batches only to it (issue 26): the learner thread's
 STATES = [f"This room is called the kitchen. In it, you see: a fridge, a counter and item {i}." for i in range(50)]
 
 
@@ -171,7 +175,9 @@ def query_loop(name: str, stop: threading.Event, tally: Tally) -> None:
 
 def learner_loop(stop: threading.Event, tally: Tally) -> None:
     buffer = Client(zmq.Context.instance(), BUFFER, CLIENT_TIMEOUT_S)
-    request = BatchRequest(learner_version=0, num_groups=2, max_staleness=1000, max_bytes=buffer.max_bytes)
+    request = BatchRequest(
+        learner_version=0, num_groups=2, max_staleness=1000, max_bytes=buffer.max_bytes, token=LEARNER_TOKEN
+    )
     try:
         while not stop.is_set():
             reply = buffer.call(request)
@@ -180,7 +186,7 @@ def learner_loop(stop: threading.Event, tally: Tally) -> None:
                 continue
             assert isinstance(reply, Batch)
             for part in range(1, reply.num_parts):
-                buffer.call(BatchRequest(0, 2, 1000, buffer.max_bytes, batch_id=reply.batch_id, part=part))
+                buffer.call(dataclasses.replace(request, batch_id=reply.batch_id, part=part))
             buffer.call(BatchConfirm(batch_id=reply.batch_id))
             with tally.lock:
                 tally.batches += 1
@@ -237,7 +243,12 @@ def wait_ready(endpoint: str) -> None:
 def run_level(level: str, args, root: Path, memory_rss: Rss) -> dict:
     run_dir = root / level
     run_dir.mkdir()
-    proc = spawn_command("empo2-replay-buffer", overrides(run_dir, level), root / f"buffer-{level}.log")
+    proc = spawn_command(
+        "empo2-replay-buffer",
+        overrides(run_dir, level),
+        root / f"buffer-{level}.log",
+        env_extra={LEARNER_TOKEN_ENV: LEARNER_TOKEN},  # as empo2-run hands it over
+    )
     try:
         wait_ready(BUFFER)
         buffer_rss, memory_rss.start = Rss(proc.pid), memory_rss.now()

@@ -203,9 +203,14 @@ class SecurityConfig:
     curve: bool = False
     keys_dir: str = "keys"  # curve: the directory `empo2-keys` wrote (relative to the working directory)
     # The replay buffer serves batches only to a BatchRequest carrying this token (the learner's).
-    # Empty: empo2-run makes a random one per run for the buffer and learner it starts (pipeline/cli.py,
-    # LEARNER_TOKEN_ENV); roles started otherwise (systemd, by hand) then check none unless it is set.
+    # Empty: empo2-run makes a random one per run for the buffer and learner it starts, and
+    # deploy/systemd/install.sh writes one into the units' environment file; either reaches the roles
+    # as EMPO2_LEARNER_TOKEN (pipeline/cli.py, LEARNER_TOKEN_ENV).
     learner_token: str = ""
+    # A buffer with neither CURVE nor a learner token refuses every BatchRequest (not_learner) and says
+    # at start-up how to configure one; true: it serves batches to any client that reaches it instead
+    # (a lone buffer in a test or a benchmark). Ignored when either is configured.
+    insecure: bool = False
     max_observation_len: int = 16384  # one observation of a Trajectory or EpisodeReport
     max_action_len: int = 1024  # one action
     max_state_len: int = 16384  # MemoryQuery.state: embedded on every query

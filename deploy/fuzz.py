@@ -42,6 +42,9 @@ def fuzz_server(
         f"metrics.base_port={metrics_base}",
         # the memory service's reflections: none (nothing listens)
         *([] if socket == "policy_server" else ["endpoints.policy_servers=[tcp://127.0.0.1:1]"]),
+        # a lone buffer serves batches to any client, so mutated BatchRequests reach the batch path
+        # (with neither CURVE nor a learner token it would refuse them all at the door: issue 26)
+        *(["security.insecure=true"] if socket == "replay_buffer" else []),
     ]
     log_path = work / f"{socket}.log"
     proc = spawn_command(command, overrides, log_path, cwd=cwd)

@@ -54,6 +54,16 @@ log = logging.getLogger("replay_buffer")
 
 # An actor told to wait (every open group handed out, or the learner behind) asks again after this.
 ASSIGNMENT_RETRY_S = 1.0
+# Secure by default (issue 26): a buffer that cannot tell the learner from any other client serves
+# batches to no one: every BatchRequest is refused (REFUSED_UNCHECKED, within the protocol's detail
+# bound), and the start-up log says once how to configure a check (NO_LEARNER_CHECK).
+REFUSED_UNCHECKED = "neither security.curve nor security.learner_token is set on the buffer: no batches (see its log)"
+NO_LEARNER_CHECK = (
+    "this replay buffer has neither security.curve nor security.learner_token, so it serves batches to no one: "
+    "give the buffer and the learner the same security.learner_token (or EMPO2_LEARNER_TOKEN in their "
+    "environment; empo2-run and deploy/systemd/install.sh make one), or set security.curve=true, or "
+    "security.insecure=true to serve any client that reaches it"
+)
 
 
 class BufferProcess:
@@ -78,6 +88,15 @@ class BufferProcess:
         held = [t for g in [*self.buffer.open.values(), *self.buffer.ready.values()] for t in g.trajectories.values()]
         self.newest_version = max((int(t.policy_versions.max()) for t in held), default=0)
         self.learner_seen = False  # a BatchRequest came from the learner since this process started
+        security = run.security
+        # neither CURVE (only the learner's key may send a BatchRequest) nor a token, nor told to serve anyone
+        self.batches_closed = not (security.curve or security.learner_token or security.insecure)
+        if self.batches_closed:  # said once, at start-up; each refusal then names its reason
+            log.warning(NO_LEARNER_CHECK)
+        elif not (security.curve or security.learner_token):
+            log.warning(
+                "security.insecure=true: any client that reaches %s may take batches", run.endpoints.replay_buffer
+            )
         self.handlers = {  # what this server answers (common/server.py: anything else is an unexpected kind)
             Ping: self.ping,
             AssignmentRequest: self.assign,
@@ -193,9 +212,13 @@ class BufferProcess:
         return self.durable(Ack(ref=msg.episode_id))
 
     def check_learner(self, req: BatchRequest) -> None:
-        """Only the learner takes batches (issue 14): its token (security.learner_token, when set; CURVE
-        limits who may connect at all), and a version it can have: at most learner.total_steps, and
-        once the learner has asked, at most one above its previous request (one step per batch)."""
+        """Only the learner takes batches (issue 14): its token (security.learner_token, when set; under
+        CURVE only the learner's key may send a BatchRequest: common/server.py), none at all when neither
+        is configured unless security.insecure (issue 26), and a version it can have: at most
+        learner.total_steps, and once the learner has asked, at most one above its previous request
+        (one step per batch)."""
+        if self.batches_closed:
+            raise ProtocolError("no_learner_auth", REFUSED_UNCHECKED)
         token = self.run_facts.security.learner_token
         if token and not hmac.compare_digest(req.token.encode(), token.encode()):
             raise ProtocolError("not_learner", "batch requests need the learner's token (security.learner_token)")

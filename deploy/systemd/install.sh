@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the EMPO2 systemd units on this host (run as root from the repository root).
 #   deploy/systemd/install.sh [/opt/empo2]
-# Then: edit /etc/empo2/empo2.env, enable the roles this host runs, start empo2.target.
+# Then: edit /etc/empo2/empo2.env (mode 600: it holds the learner token), enable the roles this
+# host runs, start empo2.target.
 set -euo pipefail
 prefix=${1:-/opt/empo2}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -10,7 +11,8 @@ if [[ $(realpath "$here/../..") != $(realpath -m "$prefix") ]]; then
 fi
 (cd "$prefix" && bash scripts/setup.sh)
 install -d /etc/empo2
-[[ -f /etc/empo2/empo2.env ]] || install -m 0644 "$here/empo2.env.example" /etc/empo2/empo2.env
+[[ -f /etc/empo2/empo2.env ]] || install -m 0600 "$here/empo2.env.example" /etc/empo2/empo2.env
+"$here/learner_token.sh" /etc/empo2/empo2.env  # secure by default: mode 600, a random learner token
 for unit in "$here"/*.service "$here"/*.target; do
   sed "s#/opt/empo2#$prefix#g" "$unit" > "/etc/systemd/system/$(basename "$unit")"
 done

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import time
@@ -18,6 +19,7 @@ import pytest
 
 from common.process import spawn_command, stop_group
 from pipeline.config import load_config
+from pipeline.roles import LEARNER_TOKEN_ENV
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.e2e
@@ -88,12 +90,17 @@ def test_a_learner_step_on_one_host_reaches_the_policy_server_on_the_other(hosts
         (b, "empo2-env-actor", [*host_b, "env_actor.index=0"], "env_actor0"),
         (a, "empo2-learner", host_a, "learner"),
     ]
+    # the buffer serves batches only to the learner's token (issue 26), handed over as empo2-run does
+    token = {LEARNER_TOKEN_ENV: secrets.token_urlsafe(24)}
     started = {}
     try:
         for ns, command, overrides, name in roles:
             log = tmp_path / f"{name}.log"
+            env = token if name in ("replay_buffer", "learner") else None
             started[name] = (
-                spawn_command(command, overrides, log, cwd=REPO, exec_prefix=("ip", "netns", "exec", ns)),
+                spawn_command(
+                    command, overrides, log, cwd=REPO, exec_prefix=("ip", "netns", "exec", ns), env_extra=env
+                ),
                 log,
             )
         learner, learner_log = started["learner"]

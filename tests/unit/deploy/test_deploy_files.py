@@ -104,3 +104,44 @@ def test_each_unit_starts_an_installed_entry_point_with_arguments_load_config_ac
             assert getattr(cfg, kind).index == instance
     with pytest.raises(ConfigError):  # and the same arguments with a bad one are refused at load
         load_config([*_env_file_args(), "env_actor.index=-1"])
+
+
+def _learner_token(env_file: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(DEPLOY / "systemd" / "learner_token.sh"), str(env_file)], capture_output=True, text=True
+    )
+
+
+def _tokens(env_file: Path) -> list[str]:
+    return [
+        line.split("=", 1)[1] for line in env_file.read_text().splitlines() if line.startswith("EMPO2_LEARNER_TOKEN=")
+    ]
+
+
+def test_install_gives_the_environment_file_a_random_learner_token_once_and_mode_600(tmp_path):
+    """Secure by default (issue 26): install.sh runs learner_token.sh on the installed environment
+    file; a file without a token gets a random one (the roles read it as security.learner_token),
+    a second run keeps it, and a token the operator set (the variable, or in EMPO2_ARGS) stays theirs."""
+    assert '"$here/learner_token.sh" /etc/empo2/empo2.env' in (DEPLOY / "systemd" / "install.sh").read_text()
+    first, second = tmp_path / "a.env", tmp_path / "b.env"
+    for env_file in (first, second):
+        shutil.copy(DEPLOY / "systemd" / "empo2.env.example", env_file)
+        env_file.chmod(0o644)
+        assert _learner_token(env_file).returncode == 0
+        assert env_file.stat().st_mode & 0o777 == 0o600
+    (token,) = _tokens(first)
+    assert len(token) >= 32 and re.fullmatch(r"[A-Za-z0-9_-]+", token) and _tokens(second) != [token]
+    assert _learner_token(first).returncode == 0 and _tokens(first) == [token]  # kept
+    assert (
+        _env_file_args()
+        == [  # the rest of the file as it was
+            line.removeprefix("EMPO2_ARGS=").split() for line in first.read_text().splitlines() if "EMPO2_ARGS=" in line
+        ][0]
+    )
+
+    mine = tmp_path / "mine.env"
+    mine.write_text("EMPO2_ARGS=run_dir=/tmp/r security.learner_token=operators\n")
+    assert _learner_token(mine).returncode == 0 and _tokens(mine) == []
+    empty = tmp_path / "empty.env"
+    empty.write_text("EMPO2_LEARNER_TOKEN=\n")
+    assert _learner_token(empty).returncode == 0 and len(_tokens(empty)) == 1 and _tokens(empty)[0]

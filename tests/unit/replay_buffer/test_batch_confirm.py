@@ -36,6 +36,8 @@ from tests.helpers import free_endpoint
 
 # groups open and ready at once (the CPU profile's 1 would hand out one group at a time)
 ROOM = ["replay_buffer.max_open_groups=4", "replay_buffer.max_ready_groups=4"]
+# a buffer on its own takes BatchRequests from these tests, which hold no learner token (issue 26)
+ANY_CLIENT = "security.insecure=true"
 BIG = 20_000  # prompt tokens per turn: ~160 kB per two-turn trajectory
 
 
@@ -104,7 +106,9 @@ def test_an_unconfirmed_batch_is_re_served_after_the_timeout_first_in_line():
 
 
 def test_a_restarted_buffer_re_serves_an_unconfirmed_batch_and_never_a_confirmed_one(tmp_path):
-    cfg = load_config([f"run_dir={tmp_path}", "replay_buffer.tasks=[boil]", "replay_buffer.group_size=2", *ROOM])
+    cfg = load_config(
+        [f"run_dir={tmp_path}", "replay_buffer.tasks=[boil]", "replay_buffer.group_size=2", *ROOM, ANY_CLIENT]
+    )
     process = BufferProcess(cfg.replay_buffer, run_facts(cfg), {"boil": [4]})
     for _ in range(4):  # two complete groups
         a = dispatch(process.handlers, AssignmentRequest(actor_id="a"), process.metrics)
@@ -132,6 +136,7 @@ def process(tmp_path):
             "replay_buffer.group_size=2",
             "learner.groups_per_step=2",
             *ROOM,
+            ANY_CLIENT,
         ]
     )
     process = BufferProcess(cfg.replay_buffer, run_facts(cfg), {"boil": [4]})

@@ -6,6 +6,7 @@ Only the learner (its token) takes batches, at a version it can have."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import numpy as np
 import pytest
@@ -24,23 +25,27 @@ from protocol.messages import (
     Wait,
 )
 from replay_buffer.buffer import trajectory_bytes
-from replay_buffer.service import BufferProcess
+from replay_buffer.service import NO_LEARNER_CHECK, BufferProcess
 from tests.factories import make_traj
 
 
-@pytest.fixture
-def process(tmp_path):
+def buffer_process(run_dir, *security: str) -> BufferProcess:
     cfg = load_config(
         [
-            f"run_dir={tmp_path}",
+            f"run_dir={run_dir}",
             "replay_buffer.tasks=[boil]",
             "replay_buffer.group_size=2",
             "learner.groups_per_step=1",
             "learner.total_steps=10",
-            "security.learner_token=s3cret",
+            *security,
         ]
     )
-    process = BufferProcess(cfg.replay_buffer, run_facts(cfg), {"boil": [4]}, vocab_size=1000)
+    return BufferProcess(cfg.replay_buffer, run_facts(cfg), {"boil": [4]}, vocab_size=1000)
+
+
+@pytest.fixture
+def process(tmp_path):
+    process = buffer_process(tmp_path, "security.learner_token=s3cret")
     yield process
     process.log.file.close()
 
@@ -117,6 +122,42 @@ def test_batches_only_for_the_learner_at_a_version_it_can_have(process):
     assert call(process, t0) == Ack(ref=t0.episode_id) and call(process, t1) == Ack(ref=t1.episode_id)
     batch = call(process, dataclasses.replace(ok, learner_version=1))
     assert isinstance(batch, Batch) and len(batch.trajectories) == 2
+
+
+def test_a_buffer_without_curve_or_a_token_serves_no_batch_unless_told_insecure(tmp_path, caplog):
+    """Secure by default (issue 26): with neither security.curve nor security.learner_token every
+    BatchRequest is refused (no_learner_auth, counted) whatever token it carries, and the start-up
+    log says once how to configure one; security.insecure=true serves any client instead, and a
+    configured token (or CURVE) is checked as before."""
+    request = BatchRequest(learner_version=0, num_groups=1, max_staleness=4)
+    with caplog.at_level(logging.WARNING, logger="replay_buffer"):
+        closed = buffer_process(tmp_path / "closed")
+    try:
+        for token in ("", "s3cret", "guess"):
+            reply = call(closed, dataclasses.replace(request, token=token))
+            assert isinstance(reply, ErrorReply) and reply.reason == "no_learner_auth"
+            assert "security.learner_token" in reply.detail
+        assert rejected(closed, "no_learner_auth") == 3
+        assert closed.learner_version == 0 and not closed.learner_seen  # the refused requests changed nothing
+        assert [r.getMessage() for r in caplog.records if r.name == "replay_buffer"] == [NO_LEARNER_CHECK]
+        assert "security.insecure=true" in NO_LEARNER_CHECK and "security.curve=true" in NO_LEARNER_CHECK
+    finally:
+        closed.log.file.close()
+
+    served = {
+        "insecure": buffer_process(tmp_path / "insecure", "security.insecure=true"),
+        "curve": buffer_process(tmp_path / "curve", "security.curve=true"),  # the key is checked by ZAP
+        "token": buffer_process(tmp_path / "token", "security.learner_token=s3cret", "security.insecure=true"),
+    }
+    try:
+        for token in ("", "guess"):
+            assert isinstance(call(served["insecure"], dataclasses.replace(request, token=token)), Wait)
+        assert isinstance(call(served["curve"], request), Wait)
+        assert call(served["token"], dataclasses.replace(request, token="guess")).reason == "not_learner"
+        assert isinstance(call(served["token"], dataclasses.replace(request, token="s3cret")), Wait)
+    finally:
+        for p in served.values():
+            p.log.file.close()
 
 
 def test_no_new_group_once_the_held_bytes_reach_the_limit(process):
