@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,54 @@ def unlink_unmapped(paths: set[str]) -> list[str]:
     return gone
 
 
+@dataclass
+class ChildSharedMemory:
+    """The SharedMemory segments (/dev/shm/psm_*) that this process's descendants have mapped, taken
+    while they run (snapshot), and released after they have exited (release).
+
+    A creator that exits without unlinking its segment (vLLM's engine processes, stopped with their
+    group) leaves it to the resource tracker that it shares with this process; the tracker unlinks
+    it when this process exits, writing "resource_tracker: There appear to be N leaked
+    shared_memory objects to clean up at shutdown" into the log. release() unlinks such a segment
+    first and tells the tracker, so a normal stop leaves no segment and no warning."""
+
+    owners: dict[int, set[str]]  # pid -> the segments it had mapped
+    # the descendants share this process's tracker: it ran before they started (spawn starts it,
+    # fork inherits it); otherwise each has its own, and their segments are left to them
+    shared_tracker: bool
+
+    @classmethod
+    def snapshot(cls, prefix: str = "psm_") -> ChildSharedMemory:
+        from multiprocessing import resource_tracker
+
+        parents = {pid: _ppid(pid) for pid in _pids()}
+        below, frontier = [], {os.getpid()}
+        while frontier:
+            frontier = {pid for pid, parent in parents.items() if parent in frontier}
+            below += frontier
+        maps = {pid: {p for p in _shm_maps(pid) if Path(p).name.startswith(prefix)} for pid in below}
+        shared = getattr(resource_tracker._resource_tracker, "_fd", None) is not None
+        return cls({pid: paths for pid, paths in maps.items() if paths}, shared)
+
+    def release(self, timeout_s: float) -> list[str]:
+        """Once every owner has exited (waited for up to `timeout_s`; else nothing is touched: a
+        creator may still unlink its own), unlink each segment still there that no process maps,
+        and unregister it from the shared tracker; the paths unlinked."""
+        from multiprocessing import resource_tracker
+
+        if not self.shared_tracker:
+            return []
+        deadline = time.monotonic() + timeout_s
+        while any(_alive(pid) for pid in self.owners) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if any(_alive(pid) for pid in self.owners):
+            return []
+        gone = unlink_unmapped({path for paths in self.owners.values() for path in paths})
+        for path in gone:  # registered by its creator (SharedMemory(create=True)); unlinked by no one
+            resource_tracker.unregister("/" + Path(path).name, "shared_memory")
+        return gone
+
+
 def orphaned_semaphores() -> set[str]:
     """joblib/loky named semaphores (/dev/shm/sem.loky-<creator pid>-<random>) whose creator is
     gone. A vLLM CPU worker creates one that loky's resource tracker unlinks at a normal exit; a
@@ -147,6 +196,21 @@ def status_mb(pid: int | str = "self", field: str = "VmRSS") -> float:
 
 def _pids() -> list[int]:
     return [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()]
+
+
+def _ppid(pid: int) -> int | None:
+    try:  # /proc/<pid>/stat: "pid (comm) state ppid ...", where comm may hold spaces and parentheses
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (exited, not yet reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _pgid(pid: int) -> int | None:

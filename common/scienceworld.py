@@ -10,9 +10,15 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+# py4j logs at INFO what it expects at a stop (its callback server starting and stopping, and a
+# shutdown that finds the JVM already gone, e.g. stopped with its role's process group): with a
+# traceback each, in every role's log. Its warnings and errors are still shown.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 _WORD = re.compile(r"[a-z0-9]+")
 _EDGE_NOISE = re.compile(r"^[\s>`\"']+|[\s.`\"']+$")  # prompt arrows, quotes, trailing dots
@@ -99,6 +105,7 @@ class ScienceWorld:
         from scienceworld import ScienceWorldEnv  # starts a JVM
 
         self.env = ScienceWorldEnv("", envStepLimit=step_limit)
+        self.closed = False
         self.simplification = simplification
         self.task_description = ""
 
@@ -140,7 +147,20 @@ class ScienceWorld:
         return self.env.get_goal_progress()
 
     def close(self) -> None:
-        self.env.close()
+        """Stop the JVM, once. ScienceWorldEnv.__del__ closes it again, and py4j fails a second
+        shutdown (`Gateway is not connected`, then its callback server's `'NoneType' object has no
+        attribute 'join'`) with two tracebacks in the role's log: its close is a no-op once done."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.env.close()
+        finally:
+            self.env.close = _already_closed  # what ScienceWorldEnv.__del__ calls
+
+
+def _already_closed() -> None:
+    pass
 
 
 def _facts(info: dict) -> tuple[str, str]:

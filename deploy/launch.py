@@ -56,6 +56,7 @@ from deploy.monitor import scrape, total
 from deploy.run_state import (
     STATE_FILE,
     TARGETS_FILE,
+    mark_finished,
     read_scale_request,
     read_state,
     request_scale,
@@ -70,6 +71,11 @@ from pipeline.roles import LEARNER_TOKEN_ENV, RoleSpec, env_actor_spec, run_role
 ATTACH_TIMEOUT_S = 120.0
 
 
+# The launcher's line in a role's log when it stops the role at the end of a run (SIGTERM to its
+# process group): a clean stop writes no traceback or leaked-resource warning after it.
+STOPPING = "stopping: SIGTERM to its process group"
+
+
 @dataclass
 class Child:
     name: str
@@ -79,11 +85,17 @@ class Child:
     restarts: int = 0
     restart_times: list[float] = field(default_factory=list)  # time.monotonic() of each restart
     restart_at: float | None = None  # set while the role waits out its backoff
-    last_exit: int | None = None
+    last_exit: int | None = None  # of the last process that exited while the run went on (restarted)
     stop_by: float | None = None  # scaled down: SIGTERM sent, SIGKILL after this; not restarted
     started_at: float = field(default_factory=time.time)  # wall clock, as the heartbeat's mtime
     reason: str = "exit"  # why it is down: "exit" (it exited) or "hung" (killed: no heartbeat)
     restart_reasons: dict[str, int] = field(default_factory=dict)  # reason -> restarts
+    final_exit: int | None = None  # of its process when the launcher stopped (0: a clean stop; -9: killed)
+
+    def note(self, line: str) -> None:
+        """A line of the launcher's in the role's log (appended, as the role writes it)."""
+        with open(self.log_path, "a") as log:
+            log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {self.name} [launch] {line}\n")
 
     def tail(self, lines: int = 30) -> str:
         try:
@@ -278,6 +290,7 @@ class Launcher:
                 "restarts": c.restarts,
                 "restart_reasons": c.restart_reasons,  # {"exit": n, "hung": m}
                 "last_exit": c.last_exit,
+                "exit": c.final_exit,
                 "metrics": f"{m.host}:{m.port(c.spec.kind, c.spec.index)}",
                 "log": str(c.log_path),
             }
@@ -344,12 +357,13 @@ class Launcher:
     def stop(self) -> None:
         for child in reversed(self.children):
             if child.process.poll() is None:
+                child.note(STOPPING)  # what follows in its log is its stop
                 signal_group(child.process, signal.SIGTERM)
         deadline = time.monotonic() + self.cfg.launch.stop_grace_s
         for child in self.children:
             wait_group(child.process, deadline)
             signal_group(child.process, signal.SIGKILL)  # what is left of the group after the grace period
-            child.process.wait()
+            child.final_exit = child.process.wait()
             self.metrics.role_up.labels(child.name).set(0)
         for path in unlink_unmapped(orphaned_semaphores()):  # of a group killed after its grace period
             print(f"[launch] removed the leftover {path}", flush=True)
@@ -437,9 +451,11 @@ def main(argv: list[str], cfg: PipelineConfig) -> int:
     }
     Path(cfg.run_dir, "summary.json").write_text(json.dumps(summary, indent=1))
     print("[launch] summary:\n" + "\n".join(f"  {k}: {v}" for k, v in summary.items()), flush=True)
+    exit_status = 0 if outcome == "done" else 1
+    # empo2-status on the run from now on: finished, with this, the summary and each role's exit
+    mark_finished(cfg.run_dir, outcome, exit_status, summary["policy_version"])
     if outcome != "done":
         for child in launcher.children:
             if child.process.returncode not in (0, -signal.SIGTERM, None) or child.name in outcome:
                 print(f"[launch] --- last lines of {child.log_path} ---\n{child.tail()}", flush=True)
-        return 1
-    return 0
+    return exit_status

@@ -1,7 +1,9 @@
 """What a running launcher publishes in its run directory, and the small API built on it.
 
     <run_dir>/launch/state.json       every supervised role: pid, up, restarts, last exit, metrics
-                                      target, log file (rewritten on every start, exit and restart)
+                                      target, log file (rewritten on every start, exit and restart);
+                                      once the run has ended, each role's exit status at the stop and
+                                      "finished": outcome, exit status, final version, end time
     <run_dir>/prometheus/targets.json Prometheus file-based service discovery: one target per role
                                       the launcher runs (and the launcher itself), so a scrape
                                       follows the processes without editing a file
@@ -38,6 +40,59 @@ def read_state(run_dir: str | Path) -> dict:
         return json.loads((Path(run_dir) / STATE_FILE).read_text())
     except (OSError, ValueError):
         return {}
+
+
+SUMMARY_FILE = "summary.json"  # the launcher's summary of a run that ended (deploy/launch.py main)
+
+
+def mark_finished(run_dir: str | Path, outcome: str, exit_status: int, policy_version: int | None) -> None:
+    """Record in the state that the run has ended: its outcome ("done", "failed: ..."), the
+    launcher's exit status and the final policy version (the summary holds the rest)."""
+    state = read_state(run_dir)
+    state["finished"] = {
+        "outcome": outcome,
+        "exit_status": exit_status,
+        "policy_version": policy_version,
+        "at": time.time(),
+        "summary": str(Path(run_dir) / SUMMARY_FILE),
+    }
+    write_json(Path(run_dir) / STATE_FILE, state)
+
+
+def read_finished(run_dir: str | Path, state: dict | None = None) -> dict | None:
+    """How the run ended (mark_finished) with its summary under "summary_data"; None while it runs.
+    A run whose launcher ended before it recorded that (an older launcher, or one killed) counts as
+    ended once the launcher is gone and a summary is there."""
+    state = read_state(run_dir) if state is None else state
+    finished = state.get("finished")
+    summary_path = Path(run_dir) / SUMMARY_FILE
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, ValueError):
+        summary = None
+    if finished is None:
+        if summary is None or _running(state.get("launcher_pid")):
+            return None
+        finished = {
+            "outcome": summary.get("outcome"),
+            "exit_status": 0 if summary.get("outcome") == "done" else 1,  # as the launcher exits
+            "policy_version": summary.get("policy_version"),
+            "at": summary_path.stat().st_mtime,
+            "summary": str(summary_path),
+        }
+    return {**finished, "summary_data": summary or {}}
+
+
+def _running(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def scrape_targets(roles: list[dict], launcher_target: str) -> list[dict]:

@@ -2,6 +2,10 @@
 
     empo2-status [RUN_DIR] [--json] [--interval S] [key=value ...]
 
+On a run that has ended (the launcher recorded it in its state, deploy/run_state.py): finished,
+with the outcome, the launcher's exit status, the final policy version, the run's summary and each
+role's exit status at the stop, and no scrape.
+
 Per role: up or down, restarts and last exit (from the launcher's <run_dir>/launch/state.json),
 policy version, errors, and the last ERROR line of its log; for the run: episodes/s, env steps/s,
 generated and learner tokens/s (two scrapes `--interval` seconds apart), learner step and mean
@@ -20,7 +24,7 @@ import time
 from pathlib import Path
 
 from deploy.monitor import scrape, total
-from deploy.run_state import newest_run, read_state
+from deploy.run_state import newest_run, read_finished, read_state
 
 # counters whose rates the status shows: (label, role kind, metric)
 RATES = [
@@ -136,6 +140,61 @@ def render(report: dict, source: str) -> str:
     return "\n".join(lines)
 
 
+# what a finished run's screen shows of its summary (deploy/launch.py main): (label, key)
+SUMMARY_LINES = [
+    ("learner steps", "learner_steps"),
+    ("server versions at the end", "server_versions_at_end"),
+    ("wall seconds", "wall_seconds"),
+    ("episodes", "episodes"),
+    ("env steps", "env_steps"),
+    ("memory entries", "memory_entries"),
+    ("reflections", "reflections"),
+    ("tips shown", "tips_shown"),
+    ("mean episode score", "mean_episode_score"),
+    ("step seconds", "step_seconds"),
+    ("weight push seconds", "weight_push_seconds"),
+    ("final checkpoint", "final_checkpoint"),
+]
+
+
+def finished_report(state: dict, finished: dict) -> dict:
+    """A run that has ended: how (outcome, exit status, final version, when), its summary, and each
+    role's restarts and exit status when the launcher stopped it, with its log's last error."""
+    roles = {
+        name: {
+            "up": False,
+            "restarts": r.get("restarts", 0),
+            "last_exit": r.get("last_exit"),
+            "exit": r.get("exit"),
+            "last_error": last_error(r.get("log")),
+        }
+        for name, r in state.get("roles", {}).items()
+    }
+    summary = finished.pop("summary_data")
+    return {"finished": finished, "summary": summary, "roles": roles}
+
+
+def render_finished(report: dict, source: str) -> str:
+    f, summary = report["finished"], report["summary"]
+    exit_status = "unknown" if f["exit_status"] is None else f["exit_status"]
+    version = "-" if f["policy_version"] is None else f["policy_version"]
+    ended = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f["at"]))
+    lines = [
+        f"EMPO2 status ({source})",
+        "",
+        f"run finished: {f['outcome']}, exit status {exit_status}, at {ended}; final policy version {version}",
+        f"summary ({f['summary']}):",
+    ]
+    lines += [f"  {label}: {summary[key]}" for label, key in SUMMARY_LINES if summary.get(key) is not None]
+    lines.append("")
+    lines.append(f"{'role':<16} {'state':<8} {'restarts':>8} {'last exit':>9} {'exit':>5}  last error")
+    for name, r in report["roles"].items():
+        last_exit = "-" if r["last_exit"] is None else str(r["last_exit"])
+        exit_ = "-" if r["exit"] is None else str(r["exit"])
+        lines.append(f"{name:<16} {'stopped':<8} {r['restarts']:>8} {last_exit:>9} {exit_:>5}  {r['last_error'] or ''}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="empo2-status", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", nargs="?", type=Path, help="default: the newest run under runs/")
@@ -147,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides, args.run_dir = [str(args.run_dir), *args.overrides], None
     run_dir = args.run_dir or newest_run()
     state = read_state(run_dir) if run_dir else {}
+    finished = read_finished(run_dir, state) if state else None
+    if finished is not None:
+        source = f"launcher state {run_dir / 'launch' / 'state.json'}"
+        report = finished_report(state, finished)
+        print(json.dumps({"source": source, **report}, indent=1) if args.json else render_finished(report, source))
+        return 0
     if state:
         roles, source = list(state["roles"].values()), f"launcher state {run_dir / 'launch' / 'state.json'}"
     else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -20,9 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from actors.policy_server.config import PolicyServerConfig
+from common.process import ChildSharedMemory
 from protocol.messages import GenerateRequest
 
 log = logging.getLogger(__name__)
+
+# At a shutdown, how long the engine's processes may take to exit before their shared memory is
+# released (vLLM's client waits for its engine core, which waits for its workers, first).
+ENGINE_EXIT_WAIT_S = 10.0
 
 
 def resolve_device(requested: str) -> str:
@@ -114,7 +120,6 @@ def start_vllm(model_path: str, cfg: PolicyServerConfig, seed: int, weight_sync:
         os.environ.setdefault("EMPO2_VLLM_BUSY_LOOP_S", "0")  # see worker_ext.cap_shm_busy_loop
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
 
     dtype = str(cfg.dtype) if cfg.dtype != "auto" else ("float32" if device == "cpu" else "bfloat16")
     args = AsyncEngineArgs(
@@ -129,7 +134,27 @@ def start_vllm(model_path: str, cfg: PolicyServerConfig, seed: int, weight_sync:
         weight_transfer_config={"backend": "nccl"} if weight_sync == "nccl" else None,
     )
     log.info("starting vLLM engine: model=%s device=%s dtype=%s", model_path, device, dtype)
-    return AsyncLLM.from_engine_args(args)
+    return _async_llm_class().from_engine_args(args)
+
+
+@functools.cache
+def _async_llm_class():
+    """vLLM's AsyncLLM, shut down once. AsyncLLM.__del__ shuts it down again; after
+    PolicyEngine.shutdown that runs at the interpreter's exit, when vLLM's module globals are gone
+    (`TypeError: 'NoneType' object is not callable` in the log). An engine never shut down (the
+    process ends another way) is still shut down by its __del__."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    class OnceShutAsyncLLM(AsyncLLM):
+        shut_down = False
+
+        def shutdown(self, timeout: float | None = None) -> None:
+            if self.shut_down:
+                return
+            self.shut_down = True
+            super().shutdown(timeout)
+
+    return OnceShutAsyncLLM
 
 
 class PolicyEngine:
@@ -146,6 +171,8 @@ class PolicyEngine:
         reset_prefix_cache: tests stand one in), else with a vLLM engine started here.
         `weight_sync` is weight_sync.method, the learner's way of sending new weights."""
         self.engine = engine if engine is not None else start_vllm(model_path, cfg, seed, weight_sync)
+        # the shared memory of the engine's processes (vLLM's message queues), released at shutdown
+        self.engine_shm = ChildSharedMemory.snapshot() if engine is None else None
         self.model_path = model_path  # the base a LoRA adapter is merged onto
         self.version = initial_version
         self.gate = VersionGate()
@@ -249,4 +276,11 @@ class PolicyEngine:
         return result
 
     def shutdown(self) -> None:
+        """Stop the engine and its processes. vLLM's engine processes, stopped (with the role's process
+        group, or by the engine client), do not unlink the shared memory of their message queues:
+        released here once they have exited (common/process.py ChildSharedMemory), so the resource
+        tracker has no leak to report when this process exits."""
         self.engine.shutdown()
+        if self.engine_shm is not None:
+            for path in self.engine_shm.release(timeout_s=ENGINE_EXIT_WAIT_S):
+                log.info("removed %s, left by vLLM's engine processes", path)

@@ -56,10 +56,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from common.model_prep import resolve_model
 from common.process import status_mb, stop_group
 from deploy.harness import LaunchedRun
+from deploy.launch import STOPPING
 from deploy.monitor import scrape, total
 from deploy.monitoring.make_dashboard import PANELS, panel_metric_names, uncovered
 from deploy.prometheus import RULES, start_prometheus, wait_ready
 from deploy.run_state import kill_role, read_state, wait_for_role
+from deploy.status import main as status_main
 from protocol import Client
 from protocol.fuzz import fuzz_endpoint
 from protocol.messages import BatchRequest, GenerateRequest, GenerateResponse, WeightFile
@@ -365,7 +367,7 @@ def test_a_weight_update_changes_the_greedy_answer(run):
     )
 
 
-def test_the_run_reaches_its_step_target(run):
+def test_the_run_reaches_its_step_target(run, capsys):
     rc = run.wait()
     output = run.out.read_text()
     assert rc == 0, output[-6000:]
@@ -385,6 +387,19 @@ def test_the_run_reaches_its_step_target(run):
     assert "reflection stored" in logs["memory_service"]
     state = read_state(run.run_dir)
     assert not [r for r in state["roles"].values() if r["up"]]
+
+    # a clean stop is clean (issue 26): after the launcher's stop line, no role's log holds a traceback
+    # or a leaked-resource warning, each role exited 0, and empo2-status says the run finished
+    for name, text in logs.items():
+        stop = text.rfind(STOPPING)
+        if stop >= 0:  # the learner ended by itself, before the stop
+            after = text[stop:]
+            assert not re.search(r"Traceback|Exception ignored|leaked", after), f"{name}'s stop:\n{after[-4000:]}"
+    assert {name: r["exit"] for name, r in state["roles"].items() if r["exit"] != 0} == {}
+    capsys.readouterr()
+    assert status_main([str(run.run_dir)]) == 0
+    screen = capsys.readouterr().out
+    assert "run finished: done, exit status 0" in screen and f"final policy version {version}" in screen, screen
 
     # no episode lost or duplicated across the kills and the scaling: every episode an actor logged
     # (after the buffer's Ack) is in the buffer's log once, and every actor that ran has episodes there

@@ -93,3 +93,52 @@ def test_a_dead_processes_loky_semaphore_is_orphaned_a_living_ones_is_not(tmp_pa
     finally:
         for f in files:
             f.unlink(missing_ok=True)
+
+
+ENGINE_LIKE = """
+import multiprocessing as mp, os, sys, time
+from multiprocessing import shared_memory
+from common.process import ChildSharedMemory
+
+def engine_core(names):  # creates a segment, as vLLM's engine processes do, and never unlinks it
+    shm = shared_memory.SharedMemory(create=True, size=4096)
+    names.put(shm.name)
+    time.sleep(60)
+
+if __name__ == "__main__":
+    names = mp.get_context("spawn").Queue()
+    child = mp.get_context("spawn").Process(target=engine_core, args=(names,))  # vLLM's CPU engine: spawn
+    child.start()
+    name = names.get(timeout=60)
+    held = ChildSharedMemory.snapshot()
+    print("held", held.shared_tracker, sorted(held.owners.values()) == [{f"/dev/shm/{name}"}], flush=True)
+    child.terminate()  # stopped with its group: the segment stays for the resource tracker
+    child.join()
+    if sys.argv[1] == "release":
+        print("released", held.release(timeout_s=10) == [f"/dev/shm/{name}"], flush=True)
+    print("left", os.path.exists(f"/dev/shm/{name}"), flush=True)
+"""
+
+
+def test_shared_memory_a_child_left_is_released_without_a_leak_warning(tmp_path):
+    """vLLM's engine processes, stopped, leave a SharedMemory segment that the resource tracker
+    they share with the policy server unlinks at its exit, with a "leaked shared_memory objects"
+    warning in the log (the control); released by the parent after they exited, it is gone and no
+    warning is written (actors/policy_server/engine.py, issue 26)."""
+    script = tmp_path / "engine_like.py"
+    script.write_text(ENGINE_LIKE)
+    runs = {}
+    for mode in ("control", "release"):
+        runs[mode] = subprocess.run(
+            [sys.executable, str(script), mode],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    control, release = runs["control"], runs["release"]
+    assert control.stdout.split() == ["held", "True", "True", "left", "True"], control.stderr
+    assert "leaked shared_memory" in control.stderr  # the tracker unlinked it, and warned
+    assert release.stdout.split() == ["held", "True", "True", "released", "True", "left", "False"], release.stderr
+    assert "leaked" not in release.stderr and "Traceback" not in release.stderr, release.stderr

@@ -1,15 +1,19 @@
 """empo2-status (deploy/status.py) against real metrics endpoints (the roles' metric classes served
 by prometheus_client) and a launcher state file: up/down, restarts, rates from two scrapes, learner
-step time, the last error of a log, and the same as JSON."""
+step time, the last error of a log, and the same as JSON; on a run that has ended, finished, with
+its outcome, exit status, final version, summary and each role's exit status (issue 26)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
 from common.metrics import EnvActorMetrics, LearnerMetrics, ReplayBufferMetrics
-from deploy.run_state import STATE_FILE, write_json
+from deploy.run_state import STATE_FILE, SUMMARY_FILE, mark_finished, write_json
 from deploy.status import main, status
 
 BASE = 31500  # ports of this test
@@ -76,3 +80,72 @@ def test_status_from_the_roles_own_metrics(tmp_path, capsys):
     assert report["buffer_groups_ready"] == 2
     assert as_json["roles"]["memory_service"]["up"] is False and "launcher state" in as_json["source"]
     assert "memory_service   DOWN" in screen and "learner step 3 (10.0 s/step)" in screen
+
+
+SUMMARY = {
+    "outcome": "done",
+    "wall_seconds": 191.9,
+    "learner_steps": 2,
+    "policy_version": 2,
+    "server_versions_at_end": [2.0],
+    "episodes": 12.0,
+    "mean_episode_score": -17.875,
+    "final_checkpoint": "runs/x/checkpoints/step_000002",
+}
+
+
+def _ended_run(tmp_path, launcher_pid: int) -> None:
+    """A run directory as the launcher leaves it: state (each role's exit at the stop), summary,
+    clean logs (what a clean stop writes last)."""
+    roles = {}
+    for i, name in enumerate(("policy_server0", "replay_buffer", "learner")):
+        log = tmp_path / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"12:00:00 {name} INFO {name}: stopping\n")
+        roles[name] = {"name": name, "kind": name.rstrip("0"), "metrics": f"127.0.0.1:{BASE + 20 + i}"}
+        roles[name] |= {"log": str(log), "restarts": 0, "last_exit": None, "exit": 0, "up": False}
+    write_json(tmp_path / STATE_FILE, {"launcher_pid": launcher_pid, "roles": roles})
+    (tmp_path / SUMMARY_FILE).write_text(json.dumps(SUMMARY))
+
+
+def _ended_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_status_of_a_finished_run_says_finished_with_its_exit_status_version_and_summary(tmp_path, capsys):
+    _ended_run(tmp_path, _ended_pid())
+    mark_finished(tmp_path, "done", 0, 2)
+    assert main([str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["finished"]["outcome"] == "done" and report["finished"]["exit_status"] == 0
+    assert report["finished"]["policy_version"] == 2 and report["summary"] == SUMMARY
+    assert {r["exit"] for r in report["roles"].values()} == {0}
+    assert not [r for r in report["roles"].values() if r["up"] or r["last_error"]]
+    assert main([str(tmp_path)]) == 0
+    screen = capsys.readouterr().out
+    assert "run finished: done, exit status 0" in screen and "final policy version 2" in screen
+    assert "episodes: 12.0" in screen and "mean episode score: -17.875" in screen
+    assert "DOWN" not in screen and "Traceback" not in screen
+    assert "replay_buffer    stopped" in screen
+
+    # a failed run says so, with the launcher's exit status
+    mark_finished(tmp_path, "failed: learner exited with 1; restart budget spent", 1, None)
+    assert main([str(tmp_path)]) == 0
+    assert "run finished: failed: learner exited with 1; restart budget spent, exit status 1" in capsys.readouterr().out
+
+
+def test_a_run_whose_launcher_is_gone_with_a_summary_counts_as_finished_a_running_one_does_not(tmp_path, capsys):
+    """An older launcher's run (no "finished" in its state) has ended once its launcher is gone and
+    its summary is there; a live launcher's run dir that holds an earlier run's summary (a resumed
+    run) is still running: status scrapes its roles."""
+    _ended_run(tmp_path, _ended_pid())
+    assert main([str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["finished"]["outcome"] == "done" and report["finished"]["exit_status"] == 0
+
+    _ended_run(tmp_path, os.getpid())  # this process stands for a live launcher
+    assert main([str(tmp_path), "--json", "--interval", "0.1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "finished" not in report and report["roles"]["learner"]["up"] is False

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from common.heartbeat import heartbeat_path
-from deploy.launch import Launcher
+from deploy.launch import STOPPING, Launcher
 from deploy.monitor import scrape
 from deploy.run_state import TARGETS_FILE, kill_role, read_state, wait_for_role
 from pipeline.config import load_config
@@ -84,6 +84,15 @@ def test_a_crashed_role_is_restarted_and_the_learner_exit_ends_the_run(tmp_path,
     assert _supervise_until(launcher, 30) == "done"
     assert launcher.restarts()["learner"] == 1
     assert read_state(tmp_path)["roles"]["learner"]["last_exit"] == -signal.SIGKILL
+
+    # the stop records each role's exit status: the learner's own 0, the buffer stopped by SIGTERM
+    launcher.stop()
+    roles = read_state(tmp_path)["roles"]
+    assert roles["learner"]["exit"] == 0 and roles["replay_buffer"]["exit"] == -signal.SIGTERM  # the stub's default
+    assert not roles["learner"]["up"] and not roles["replay_buffer"]["up"]
+    # the stop is marked in the log of each role it stopped (what follows is that role's stop)
+    assert STOPPING in (tmp_path / "logs" / "replay_buffer.log").read_text()
+    assert STOPPING not in (tmp_path / "logs" / "learner.log").read_text()  # it had ended by itself
 
 
 def test_a_role_past_its_restart_budget_stops_the_run(tmp_path, started, capsys):

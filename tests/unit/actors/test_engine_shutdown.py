@@ -1,0 +1,41 @@
+"""The policy server's vLLM engine is shut down once (issue 26: a clean stop is clean): AsyncLLM's
+__del__ shuts it down again, which after PolicyEngine.shutdown ran at the interpreter's exit, with
+vLLM's module globals gone (`TypeError: 'NoneType' object is not callable`). Runs in a subprocess
+(no engine is started: the object is made without __init__) and checks its stderr at exit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+pytest.importorskip("vllm")
+
+PROBE = """
+import gc
+from vllm.v1.engine.async_llm import AsyncLLM
+from actors.policy_server.engine import _async_llm_class
+
+calls = []
+plain_shutdown = AsyncLLM.shutdown
+AsyncLLM.shutdown = lambda self, timeout=None: calls.append(timeout)
+engine = _async_llm_class().__new__(_async_llm_class())
+engine.shutdown()  # PolicyEngine.shutdown
+engine.shutdown(5.0)
+del engine
+gc.collect()  # AsyncLLM.__del__
+print("base shutdowns", len(calls))
+AsyncLLM.shutdown = plain_shutdown
+kept = _async_llm_class().__new__(_async_llm_class())
+kept.shutdown()  # then alive until the interpreter's exit, as the policy server's engine is
+"""
+
+
+def test_the_engine_is_shut_down_once_and_its_finalizer_is_quiet_at_exit():
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "base shutdowns 1" in out.stdout
+    assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
