@@ -229,8 +229,14 @@ def _shm_maps(pid: int) -> set[str]:
 
 
 def stop_group(process: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM the child's group, give it `grace_s` to exit whole, then SIGKILL what is left."""
-    signal_group(process, signal.SIGTERM)
+    """SIGTERM the child (its group's leader), give the group `grace_s` to exit whole, then
+    SIGKILL what is left. The leader alone is told, so it stops its own children in order: a
+    SIGTERM to the whole group reached a vLLM worker in the middle of an engine step, and the
+    engine core logged a fatal error on an ordinary stop."""
+    try:
+        process.send_signal(signal.SIGTERM)
+    except ProcessLookupError:
+        pass
     wait_group(process, time.monotonic() + grace_s)
     signal_group(process, signal.SIGKILL)
     process.wait()

@@ -73,7 +73,7 @@ ATTACH_TIMEOUT_S = 120.0
 
 # The launcher's line in a role's log when it stops the role at the end of a run (SIGTERM to its
 # process group): a clean stop writes no traceback or leaked-resource warning after it.
-STOPPING = "stopping: SIGTERM to its process group"
+STOPPING = "stopping: SIGTERM (then its process group is given launch.stop_grace_s to exit)"
 
 
 @dataclass
@@ -358,7 +358,8 @@ class Launcher:
         for child in reversed(self.children):
             if child.process.poll() is None:
                 child.note(STOPPING)  # what follows in its log is its stop
-                signal_group(child.process, signal.SIGTERM)
+                # the role alone, not its group: it stops its own children in order (common/process.py, stop_group)
+                child.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.cfg.launch.stop_grace_s
         for child in self.children:
             wait_group(child.process, deadline)
