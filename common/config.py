@@ -9,6 +9,7 @@ sections live there too, and only there.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -265,11 +266,10 @@ class RunFacts:
     heartbeat_path: str = ""
 
     def run_path(self, *parts: str) -> Path:
-        return run_path(self.run_dir, *parts)
+        """A path in the run directory, its parent made."""
+        path = Path(self.run_dir).joinpath(*parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
 
-
-def run_path(run_dir: str, *parts: str) -> Path:
-    """A path in the run directory, its parent made (RunFacts.run_path, PipelineConfig.run_path)."""
-    path = Path(run_dir).joinpath(*parts)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path
+    def with_(self, **changes) -> RunFacts:
+        return dataclasses.replace(self, **changes)
