@@ -247,6 +247,7 @@ class LearnerMetrics(RoleMetrics):
                 "kl_mean": "Mean k3 KL to the initial policy (if kl_coef)",
                 "behaviour_weight_capped_fraction": "Decoupled PPO: fraction of tokens over the weight cap",
                 "advantage_abs_mean": "Mean |advantage|",
+                "zero_advantage_fraction": "Fraction of the last batch's samples with advantage 0 (all-equal groups)",
                 "logprob_mismatch_mean_nats": "Mean |vLLM - learner| log-prob on same-version on-policy tokens",
                 "logprob_mismatch_max_nats": "Max |vLLM - learner| log-prob on same-version on-policy tokens",
                 "staleness_mean_versions": "Mean policy-version lag of the batch",

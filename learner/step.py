@@ -145,6 +145,8 @@ class StepStats:
     kl_mean: float  # mean k3 KL to the initial policy (0 unless kl_coef)
     lr: float  # learning rate of this step (learner.lr times the schedule's factor)
     advantage_abs_mean: float
+    # samples whose advantage is 0 (their group's episodes all scored the same): no policy gradient
+    zero_advantage_fraction: float
     logprob_mismatch_mean_nats: float  # |vLLM - learner| on same-version, same-prompt tokens
     logprob_mismatch_max_nats: float
     mismatch_tokens: int
@@ -189,6 +191,7 @@ class StepStats:
             kl_mean=totals.kl / kept,
             lr=lr,
             advantage_abs_mean=float(np.mean([abs(s.advantage) for s in samples])) if samples else 0.0,
+            zero_advantage_fraction=float(np.mean([abs(s.advantage) < 1e-8 for s in samples])) if samples else 0.0,
             logprob_mismatch_mean_nats=totals.mismatch / max(totals.mismatch_tokens, 1),
             logprob_mismatch_max_nats=totals.mismatch_max,
             mismatch_tokens=totals.mismatch_tokens,

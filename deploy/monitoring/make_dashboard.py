@@ -228,9 +228,9 @@ PANELS += [
         ],
     ),
     (
-        "Exploration collapse: groups whose episodes share one state sequence",
+        "Exploration collapse: groups on one state sequence; samples with advantage 0",
         "percentunit",
-        ["empo2_learner_collapsed_group_fraction"],
+        ["empo2_learner_collapsed_group_fraction", "empo2_learner_zero_advantage_fraction"],
     ),
     ("Policy entropy (nats, every step)", "none", ["empo2_learner_entropy_mean"]),
 ]

@@ -87,7 +87,7 @@ def test_totals_all_reduce_sums_and_maxes_each_field_by_name(monkeypatch):
 
 
 def test_step_stats_from_totals_gives_token_means():
-    samples = [_sample(advantage=a) for a in (1.0, -2.0, 0.5, -0.5)]
+    samples = [_sample(advantage=a) for a in (1.0, -2.0, 0.5, -0.5, 0.0)]
     stats = StepStats.from_totals(_totals(), samples, lr=3e-6)
     # token means over the 7 kept tokens
     assert stats.loss == pytest.approx(-0.5)
@@ -103,14 +103,16 @@ def test_step_stats_from_totals_gives_token_means():
     assert stats.logprob_mismatch_mean_nats == pytest.approx(0.5)
     assert (stats.tokens, stats.samples_masked, stats.mismatch_tokens) == (7, 2, 3)
     assert (stats.ratio_max, stats.logprob_mismatch_max_nats) == (1.4, 0.9)
-    assert stats.samples == 4 and stats.lr == 3e-6
-    assert stats.advantage_abs_mean == pytest.approx(1.0)  # every sample's |A|, masked or not
+    assert stats.samples == 5 and stats.lr == 3e-6
+    assert stats.advantage_abs_mean == pytest.approx(0.8)  # every sample's |A|, masked or not
+    assert stats.zero_advantage_fraction == pytest.approx(1 / 5)  # the sample of an all-equal group
 
 
 def test_step_stats_from_no_kept_tokens_is_zero_not_a_division_error():
     stats = StepStats.from_totals(StepTotals(masked_samples=3), [], lr=1e-6)
     assert stats.loss == 0.0 and stats.ratio_mean == 0.0 and stats.tokens == 0 and stats.samples_masked == 3
     assert stats.advantage_abs_mean == 0.0 and stats.logprob_mismatch_mean_nats == 0.0
+    assert stats.zero_advantage_fraction == 0.0
 
 
 # ------------------------------------------------ the micro-batch loss and the phases, on a tiny model
