@@ -30,18 +30,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
+from contextlib import closing
 from dataclasses import asdict
 from pathlib import Path
 
+from safetensors.torch import load_file
+
 from benchmarks.record import REPO, run_header, write_result
+from common.model_prep import EMBEDDED_MODEL, resolve_model
 from common.scienceworld import task_names
 from evaluation.config import EvalConfig
 from evaluation.eval import EPISODES_FILE, EpisodeLog, summarize, write_results
 from evaluation.stats import estimate, paired
+from protocol.messages import TIP_MODES
 
 RESULTS = REPO / "benchmarks" / "results"
 # this benchmark's policy server and metrics ports, away from the defaults and the tests' (a pipeline may be running)
@@ -245,7 +252,59 @@ def training_summary(run_dir: Path) -> dict:
         "episodes": summary["episodes"],
         "reflections": summary["reflections"],
         "restarts": {role: n for role, n in summary["restarts"].items() if n},
+        **diagnostics(run_dir),
     }
+
+
+# what would change the answer (issue 22, item 5): per run, the mean over its learner steps
+STEP_MEANS = (
+    "zero_advantage_fraction",  # samples of all-equal groups: no policy gradient
+    "masked_fraction",
+    "clip_fraction",
+    "approx_kl",
+    "entropy_mean",
+    "distinct_states_per_group",
+    "distinct_actions_per_group",
+    "collapsed_group_fraction",
+)
+TIP_SAMPLES = 3  # tips quoted per run in the report
+TIP_CHARS = 300  # of each
+
+
+def diagnostics(run_dir: Path) -> dict:
+    """Why a run did or did not move its policy, from what it wrote: the step means of STEP_MEANS,
+    how many of its episodes were tip rollouts, its memory's size and best tips, and how far the final
+    weights moved from the base model's (relative L2 norm of the difference)."""
+    log = run_dir / "metrics.jsonl"  # absent if the run ended before its first step
+    steps = [r for r in map(json.loads, log.read_text().splitlines()) if r["record"] == "step"] if log.exists() else []
+    out: dict = {
+        f"{key}_mean": statistics.fmean(r[key] for r in steps if r.get(key) is not None)
+        for key in STEP_MEANS
+        if any(r.get(key) is not None for r in steps)
+    }
+    out["tip_rollouts"] = sum(n for r in steps for mode, n in r["episodes_by_mode"].items() if mode in TIP_MODES)
+    memory = run_dir / "memory.sqlite"
+    if memory.exists():
+        with closing(sqlite3.connect(memory)) as db:
+            out["memory_entries"] = db.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
+            out["tips"] = [
+                {"score": score, "tip": tip}
+                for tip, score in db.execute(
+                    "SELECT tip, score FROM entries ORDER BY score DESC, id LIMIT ?", (TIP_SAMPLES,)
+                )
+            ]
+    checkpoints = sorted((run_dir / "checkpoints").glob("step_*/model.safetensors"))
+    if checkpoints:
+        out["weight_change_relative"] = weight_change(Path(resolve_model(EMBEDDED_MODEL)), checkpoints[-1])
+    return out
+
+
+def weight_change(base_dir: Path, trained: Path) -> float:
+    """||theta_trained - theta_base|| / ||theta_base|| over every tensor both hold."""
+    base, new = load_file(base_dir / "model.safetensors"), load_file(trained)
+    diff = sum(float((new[k].double() - base[k].double()).pow(2).sum()) for k in base if k in new)
+    norm = sum(float(base[k].double().pow(2).sum()) for k in base if k in new)
+    return math.sqrt(diff / norm)
 
 
 def compare_table(result: dict) -> str:
@@ -290,7 +349,30 @@ def compare_table(result: dict) -> str:
         f"{t['reflections']:.0f} | {t['restarts'] or '-'} |"
         for run, t in result["training"].items()
     ]
+    lines += [
+        "",
+        "What would change the answer, per run (means over its learner steps; tip rollouts: its episodes "
+        "that showed tips; weights moved: ||theta - theta_base|| / ||theta_base|| of its last checkpoint):",
+        "",
+        "| run | advantage 0 | masked | clipped | approx KL | entropy | states / group | actions / group | "
+        "collapsed groups | tip rollouts | memory entries | weights moved |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run, t in result["training"].items():
+        cells = [_cell(t.get(f"{key}_mean")) for key in STEP_MEANS]
+        cells += [_cell(t.get("tip_rollouts")), _cell(t.get("memory_entries")), _cell(t.get("weight_change_relative"))]
+        lines.append(f"| {run} | " + " | ".join(cells) + " |")
+    tips = [(run, tip) for run, t in result["training"].items() for tip in t.get("tips", [])]
+    if tips:
+        lines += ["", "The best-scored tips each memory held at the end (what the policy read):", ""]
+        lines += [f"- {run} (score {tip['score']:g}): {tip['tip'][:TIP_CHARS]}" for run, tip in tips]
     return "\n".join(lines) + "\n"
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:d}" if isinstance(value, int) else f"{value:.3g}"
 
 
 def main(argv: list[str] | None = None) -> int:

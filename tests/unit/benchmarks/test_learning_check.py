@@ -4,10 +4,14 @@ episodes file, and the paired comparison collected from hand-made evaluations of
 from __future__ import annotations
 
 import json
+import sqlite3
+from contextlib import closing
 from dataclasses import asdict
 from types import SimpleNamespace
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 import benchmarks.learning_check as lc
 from evaluation.eval import EpisodeLog, summarize
@@ -53,6 +57,41 @@ def test_compare_pairs_the_policies_on_their_common_units(tmp_path, monkeypatch)
     assert set(result["training"]) == {"empo2/seed0", "empo2/seed1", "grpo/seed0"}  # grpo/seed1 left out
     table = (tmp_path / "results" / "learning_check_compare.md").read_text()
     assert "| empo2 − base | 20.0 [20.0, 20.0] | 0.125 |" in table
+    assert "| empo2/seed0 | - | - |" in table  # the diagnostics row of a run without metrics
+
+
+def test_the_diagnostics_of_a_run_are_its_step_means_its_tip_rollouts_and_its_memory(tmp_path):
+    steps = [
+        {"record": "step", "zero_advantage_fraction": 1.0, "masked_fraction": 0.5, "entropy_mean": 2.0,
+         "episodes_by_mode": {"on_policy": 3, "on_policy_tips": 1}},
+        {"record": "eval", "zero_advantage_fraction": 9.0},  # an evaluation record: not a step
+        {"record": "step", "zero_advantage_fraction": 0.0, "masked_fraction": 0.25, "entropy_mean": None,
+         "episodes_by_mode": {"off_policy": 2, "on_policy": 2}},
+    ]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, steps)) + "\n")
+    with closing(sqlite3.connect(tmp_path / "memory.sqlite")) as db:
+        db.execute(
+            "CREATE TABLE entries (id INTEGER PRIMARY KEY, key TEXT, tip TEXT, score REAL, state TEXT, vector BLOB)"
+        )
+        db.executemany(
+            "INSERT INTO entries (key, tip, score) VALUES ('k', ?, ?)",
+            [("low", 0.0), ("best", 25.0), ("mid", 8.0), ("worst", -100.0)],
+        )
+        db.commit()
+    d = lc.diagnostics(tmp_path)
+    assert d["zero_advantage_fraction_mean"] == pytest.approx(0.5) and d["masked_fraction_mean"] == pytest.approx(0.375)
+    assert d["entropy_mean_mean"] == pytest.approx(2.0)  # the step without a value left out
+    assert "clip_fraction_mean" not in d  # no step has it
+    assert d["tip_rollouts"] == 3  # on_policy_tips and off_policy episodes
+    assert d["memory_entries"] == 4 and [t["tip"] for t in d["tips"]] == ["best", "mid", "low"]
+    assert "weight_change_relative" not in d  # no checkpoint
+    assert lc.diagnostics(tmp_path / "nothing") == {"tip_rollouts": 0}  # a run that ended before its first step
+
+
+def test_weight_change_is_the_relative_norm_of_the_difference(tmp_path):
+    save_file({"a": torch.tensor([3.0, 0.0]), "b": torch.tensor([4.0])}, tmp_path / "model.safetensors")
+    save_file({"a": torch.tensor([3.0, 1.0]), "b": torch.tensor([4.0])}, tmp_path / "trained.safetensors")
+    assert lc.weight_change(tmp_path, tmp_path / "trained.safetensors") == pytest.approx(1 / 5)
 
 
 def test_collect_writes_the_table_of_what_was_played(tmp_path, monkeypatch):
