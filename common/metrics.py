@@ -218,6 +218,9 @@ class LearnerMetrics(RoleMetrics):
         self.loss = self._gauge("loss", "Last policy loss")
         self.step_seconds = self._histogram("step_seconds", "Wall time of one optimizer step", _SECONDS)
         self.push_seconds = self._histogram("weight_push_seconds", "Wall time of one weight push", _SECONDS)
+        self.catch_up_pushes = self._counter(
+            "catch_up_pushes", "Pushes of the current weights to one server found behind (restarted) in a batch wait"
+        )
         # the paper's Figure 12 time breakdown: phases of learner/train.py's PHASES, observed when they run
         self.phase_seconds = Histogram(
             "empo2_learner_phase_seconds",

@@ -51,10 +51,16 @@ from learner.samples import GiGPO, build_samples, finite_samples
 from learner.step import PHASES, PhaseTimer, StepStats, train_step
 from learner.weight_push import PushTiming, WeightPusher, weight_tensors
 from protocol import Client, RemoteError, RequestTimeout
-from protocol.messages import Batch, BatchConfirm, BatchRequest, Trajectory, Wait
+from protocol.messages import Batch, BatchConfirm, BatchRequest, Ping, Pong, Trajectory, Wait
+from protocol.newest_version import publish_newest_version
 from protocol.transport import wait_until_ready
 
 log = logging.getLogger("learner")
+
+# catch_up: how often the learner asks the servers' versions while it waits for a batch, and how long
+# it waits for each answer (a hung server is left for the next time)
+CATCH_UP_EVERY_S = 5.0
+CATCH_UP_PING_S = 2.0
 
 
 class Trainer:
@@ -224,6 +230,7 @@ class Learner:
         self.saved = (self.version, str(resume_from[0]) if self.is_rank0 else "") if resume_from else (-1, "")
         self.history: list[dict] = []
         self._started = self._last_publish = time.time()  # the metrics log's wall clock
+        self._next_catch_up = 0.0  # monotonic time of the next catch-up (catch_up)
         if not self.is_rank0:
             return
         ctx = zmq.Context.instance()
@@ -258,6 +265,8 @@ class Learner:
             )
         if self.version > 0:  # resumed: the servers start from the base model, give them ours
             self.push()
+        elif self.is_rank0:  # a fresh start: the base model is the run's newest (protocol/newest_version.py)
+            publish_newest_version(self.run_facts.run_dir, self.version)
         log.info("learner ready at policy version %d; training up to step %d", self.version, self.lcfg.total_steps)
         while self.version < self.lcfg.total_steps:
             timer = PhaseTimer(self.trainer.device)
@@ -277,19 +286,54 @@ class Learner:
                 self.publish(step_record(self.version, batch.trajectories, stats, timer.seconds, step_s, push))
         return self.finish()
 
-    def push(self) -> PushTiming | None:
-        """Bring every policy server to the current weights (weight_sync.method). Every rank takes
-        part in gathering them; rank 0 sends them and gets the timing (None elsewhere)."""
+    def push(self, clients: list[Client] | None = None) -> PushTiming | None:
+        """Bring every policy server (or only `clients`: a catch-up) to the current weights
+        (weight_sync.method), then publish the version as the run's newest. Every rank takes part in
+        gathering them; rank 0 sends them and gets the timing (None elsewhere)."""
         if self.weight_sync.method == "checkpoint":  # every push is a checkpoint the servers load
             path = self.save_checkpoint()
-            return self.pusher.push_checkpoint(Path(path), self.version) if self.is_rank0 else None
-        weights = self.trainer.full_weights()
-        if not self.is_rank0:
-            return None
-        model = self.trainer.model
-        return self.pusher.push(
-            weight_tensors(model, weights), self.version, lora_scale(model) if is_lora(model) else 0.0
-        )
+            timing = self.pusher.push_checkpoint(Path(path), self.version, clients) if self.is_rank0 else None
+        else:
+            weights = self.trainer.full_weights()
+            if not self.is_rank0:
+                return None
+            model = self.trainer.model
+            timing = self.pusher.push(
+                weight_tensors(model, weights), self.version, lora_scale(model) if is_lora(model) else 0.0, clients
+            )
+        if self.is_rank0:
+            publish_newest_version(self.run_facts.run_dir, self.version)
+        return timing
+
+    def catch_up(self) -> None:
+        """Push the current weights to each policy server that is behind: restarted (it loaded the
+        base model and waits for the run's newest, its Pong says) or missed a version. Run while
+        the learner waits for a batch, at most every CATCH_UP_EVERY_S; a server that does not answer
+        the Ping within CATCH_UP_PING_S is left for the next time. Only where rank 0 holds the whole
+        model (one learner process) and the method can reach one server alone (not nccl, whose
+        groups are set up at start): elsewhere the next step's push brings it up to date."""
+        now = time.monotonic()
+        if now < self._next_catch_up or distributed.world_size() > 1 or self.weight_sync.method == "nccl":
+            return
+        self._next_catch_up = now + CATCH_UP_EVERY_S
+        behind = []
+        for client in self.policies:
+            try:
+                pong = client.call(Ping(sender="learner"), timeout_s=CATCH_UP_PING_S)
+            except (RequestTimeout, RemoteError):
+                continue
+            if isinstance(pong, Pong) and pong.ready and (pong.policy_version < self.version or pong.awaiting_version):
+                log.info(
+                    "%s serves v%d (awaiting v%d): pushing v%d to it",
+                    client.endpoint,
+                    pong.policy_version,
+                    pong.awaiting_version,
+                    self.version,
+                )
+                behind.append(client)
+        if behind:
+            self.metrics.catch_up_pushes.inc(len(behind))
+            self.push(behind)
 
     def next_batch(self) -> Batch:
         """The next batch, all of its parts in one Batch (each part fits this learner's message
@@ -305,6 +349,7 @@ class Learner:
         while True:
             reply = self._call_buffer(request)
             if isinstance(reply, Wait):
+                self.catch_up()  # the wait is when a restarted server can be brought up to date
                 time.sleep(reply.retry_after_s)
                 continue
             assert isinstance(reply, Batch)

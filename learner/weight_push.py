@@ -31,7 +31,7 @@ import torch
 from common.config import WeightSyncConfig
 from common.heartbeat import beat
 from learner.lora import adapter_tensors, is_lora
-from protocol import Client, RequestTimeout
+from protocol import Client, RemoteError, RequestTimeout
 from protocol.messages import (
     NcclTransferInit,
     NcclTransferUpdate,
@@ -102,18 +102,40 @@ class PushTiming:
         return self.seconds - self.engine_seconds
 
 
+# a server answering not_ready (its engine starting) is sent the update again this often
+NOT_READY_RETRY_S = 2.0
+
+
 class PushStalled(RuntimeError):
     """A policy server did not acknowledge a weight update within the timeout, attempt after attempt."""
 
 
 def with_retries(client: Client, version: int, timeout_s: float, attempts: int, push_one):
     """push_one(client) (one whole update to it), again after each timeout, `attempts` times in all.
-    Each attempt is progress of the learner (common/heartbeat.py): a hung server is found by its own
-    heartbeat, which is why launch.hang_timeout_s must exceed learner.push_timeout_s."""
-    for attempt in range(1, attempts + 1):
+    A server answering not_ready is (re)starting its engine (a restarted server binds its socket
+    first): the update is sent again every NOT_READY_RETRY_S, for up to `timeout_s` in all, instead
+    of failing the learner. Each attempt is progress of the learner (common/heartbeat.py): a hung
+    server is found by its own heartbeat, which is why launch.hang_timeout_s must exceed
+    learner.push_timeout_s."""
+    attempt, not_ready_until = 1, None
+    while True:
         beat()
         try:
             return push_one(client)
+        except RemoteError as exc:
+            if exc.reason != "not_ready":
+                raise
+            now = time.monotonic()
+            not_ready_until = not_ready_until or now + timeout_s
+            if now >= not_ready_until:
+                raise PushStalled(
+                    f"weight push of v{version} to {client.endpoint}: the server stayed not ready for "
+                    f"{timeout_s:.0f}s (learner.push_timeout_s): {exc}"
+                ) from exc
+            log.info(
+                "%s is not ready (%s): sending v%d again in %.0fs", client.endpoint, exc, version, NOT_READY_RETRY_S
+            )
+            time.sleep(NOT_READY_RETRY_S)
         except RequestTimeout as exc:
             if attempt == attempts:
                 raise PushStalled(
@@ -128,6 +150,7 @@ def with_retries(client: Client, version: int, timeout_s: float, attempts: int, 
                 attempt,
                 attempts,
             )
+            attempt += 1
 
 
 def push_weights(clients: list[Client], chunks: list[WeightChunk], timeout_s: float, attempts: int) -> PushTiming:
@@ -178,12 +201,20 @@ class WeightPusher:
         """Remove the shared-memory weight file (servers have loaded what they need from it)."""
         self.shm_path.unlink(missing_ok=True)
 
-    def push(self, tensors: list[tuple[str, torch.Tensor]], version: int, lora_scale: float = 0.0) -> PushTiming:
-        """zmq, shm or nccl: every server runs `version` when this returns. lora_scale > 0: the
-        tensors are a LoRA adapter (adapter-only push; zmq and shm)."""
+    def push(
+        self,
+        tensors: list[tuple[str, torch.Tensor]],
+        version: int,
+        lora_scale: float = 0.0,
+        clients: list[Client] | None = None,
+    ) -> PushTiming:
+        """zmq, shm or nccl: every server (or only `clients`, a catch-up: not nccl, whose group spans
+        them all) runs `version` when this returns. lora_scale > 0: the tensors are a LoRA adapter
+        (adapter-only push; zmq and shm)."""
+        clients = self.clients if clients is None else clients
         if self.sync.method == "zmq":
             return push_weights(
-                self.clients,
+                clients,
                 build_chunks(tensors, version, self.sync.zmq_chunk_bytes, lora_scale),
                 self.push_timeout_s,
                 self.push_attempts,
@@ -193,19 +224,20 @@ class WeightPusher:
         t0 = time.perf_counter()
         checksum = write_weight_file(self.shm_path, tensors)
         timing = push_weight_file(
-            self.clients, str(self.shm_path), checksum, version, self.push_timeout_s, self.push_attempts, lora_scale
+            clients, str(self.shm_path), checksum, version, self.push_timeout_s, self.push_attempts, lora_scale
         )
         return PushTiming(time.perf_counter() - t0, timing.engine_seconds)
 
-    def push_checkpoint(self, checkpoint_dir: Path, version: int) -> PushTiming:
-        """checkpoint: the servers load the model file of a checkpoint the learner just wrote."""
+    def push_checkpoint(self, checkpoint_dir: Path, version: int, clients: list[Client] | None = None) -> PushTiming:
+        """checkpoint: the servers (every one, or `clients`) load the model file of a checkpoint the
+        learner wrote."""
         path = Path(checkpoint_dir) / "model.safetensors"
         if not path.is_file():
             raise RuntimeError(
                 f"{checkpoint_dir} has no single model.safetensors (sharded checkpoints are not supported by weight_sync=checkpoint)"
             )
         return push_weight_file(
-            self.clients,
+            self.clients if clients is None else clients,
             str(path.resolve()),
             file_checksum(str(path)),
             version,

@@ -126,6 +126,9 @@ class Pong(Message):
     role: str  # "policy_server" | "replay_buffer" | "memory_service"
     policy_version: int  # latest policy version this server knows (-1 if it has none)
     ready: bool  # False while the server is still starting its heavy parts
+    # policy server: the run's newest version when it started (protocol/newest_version.py), which it
+    # waits for, serving no generation, until a weight update reaches it; 0 = it waits for nothing
+    awaiting_version: int = 0
 
 
 @register

@@ -7,6 +7,9 @@ cores, with the learner's shared-memory weight file left in /dev/shm. So SIGTERM
 path here. What a finalizer still misses (a test's process without one, a finalizer cut short) is found
 at the end by the mark every process of the run inherits (tests/helpers.py) and stopped the way
 the launcher stops a role.
+
+Also the `stub_server` fixture: a real ZeroMQ ROUTER answering with a function (tests/helpers.py,
+StubServer), for the unit tests of a role's client side.
 """
 
 from __future__ import annotations
@@ -15,8 +18,12 @@ import os
 import secrets
 import signal
 import sys
+from collections.abc import Callable
 
-from tests.helpers import TEST_RUN_ENV, stop_marked_processes
+import pytest
+
+from protocol import Message
+from tests.helpers import TEST_RUN_ENV, StubServer, stop_marked_processes
 
 MARK = f"pytest-{os.getpid()}-{secrets.token_hex(4)}"
 
@@ -37,3 +44,17 @@ def pytest_unconfigure(config) -> None:
         print(f"\n[tests] stopped {len(left)} processes the tests left running:", file=sys.stderr)
         for pid, command in left.items():
             print(f"  {pid}: {command[:200]}", file=sys.stderr)
+
+
+@pytest.fixture
+def stub_server():
+    """stub_server(answer, endpoint=None) -> a started StubServer, closed after the test."""
+    started: list[StubServer] = []
+
+    def start(answer: Callable[[Message], Message], endpoint: str | None = None) -> StubServer:
+        started.append(StubServer(answer, endpoint))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.close()

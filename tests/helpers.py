@@ -1,5 +1,5 @@
 """What the tests share besides their inputs (tests/factories.py): the repository root, free
-loopback ports, waiting for a condition, the learner's log-probs of a response, a raw CURVE probe,
+loopback ports, a stub ZeroMQ server, waiting for a condition, the learner's log-probs of a response, a raw CURVE probe,
 and the mark that every process a test run starts carries, so that the run can stop them all
 (tests/conftest.py)."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ import numpy as np
 import zmq
 
 from common.process import orphaned_semaphores, shm_files, unlink_unmapped
-from protocol import encode
+from protocol import Message, bind_router, encode, recv_request, send_reply
 from protocol.messages import Ping
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,3 +121,28 @@ def stop_marked_processes(mark: str, grace_s: float = 20.0) -> dict[int, str]:
             time.sleep(0.2)
     unlink_unmapped(shm | orphaned_semaphores())
     return found
+
+
+class StubServer:
+    """A ROUTER at `endpoint` answering every request with `answer(message)`; `received` holds
+    the messages in arrival order."""
+
+    def __init__(self, answer: Callable[[Message], Message], endpoint: str | None = None):
+        self.endpoint = endpoint or free_endpoint()
+        self.sock = bind_router(zmq.Context.instance(), self.endpoint)
+        self.answer, self.received = answer, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            if self.sock.poll(10, zmq.POLLIN):
+                request = recv_request(self.sock)
+                self.received.append(request.message)
+                send_reply(self.sock, request.identity, self.answer(request.message))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sock.close(linger=0)

@@ -37,6 +37,11 @@ from protocol.transport import wait_until_ready
 
 # The buffer answered an AssignmentRequest with neither an Assignment nor a Wait: ask again after this.
 UNEXPECTED_REPLY_RETRY_S = 1.0
+# A policy server answering not_ready (starting, or waiting for the run's newest weights) is passed
+# over like a timed-out one; with every server so, the turn waits this long between tries, and logs
+# every NOT_READY_LOG_EVERY-th
+NOT_READY_RETRY_S = 1.0
+NOT_READY_LOG_EVERY = 30
 
 # How long a stopping actor waits for the buffer to take back its unfinished slot.
 RETURN_TIMEOUT_S = 2.0
@@ -69,6 +74,10 @@ class ServerChooser:
             index = min(order, key=lambda i: self.in_flight[i]) if self.policy == "least_loaded" else order[0]
             self.in_flight[index] += 1
             return index
+
+    def any_up(self) -> bool:
+        with self._lock:
+            return any(until <= time.monotonic() for until in self.down_until)
 
     def mark_down(self, index: int) -> None:
         with self._lock:
@@ -176,8 +185,9 @@ class EnvWorker:
 
     def generate(self, prompt_ids: np.ndarray, seed: int, temperature: float | None = None) -> GenerateResponse:
         """The next action's text from a policy server: the chooser picks the server; after a
-        timeout that server is passed over for env_actor.policy_retry_after_s and the retry goes
-        to another one. `temperature` defaults to env_actor.temperature."""
+        timeout or a not_ready answer (a server starting, or waiting for the run's newest weights)
+        that server is passed over for env_actor.policy_retry_after_s and the retry goes to another
+        one. `temperature` defaults to env_actor.temperature."""
         request = self.acfg.action_request(f"{self.actor_id}-{next(self._request_ids)}", prompt_ids, seed, temperature)
         for attempt in itertools.count(1):
             index = self.chooser.acquire()
@@ -187,6 +197,17 @@ class EnvWorker:
                 self.metrics.errors.labels("timeout").inc()
                 self.chooser.mark_down(index)
                 log.warning("%s (attempt %d); retrying on another server", exc, attempt)
+                continue
+            except RemoteError as exc:
+                if exc.reason != "not_ready":
+                    raise
+                # a server (re)starting: its engine loads, or it waits for the run's newest weights
+                self.metrics.errors.labels("not_ready").inc()
+                self.chooser.mark_down(index)
+                if attempt == 1 or attempt % NOT_READY_LOG_EVERY == 0:
+                    log.info("%s (attempt %d); trying another server", exc, attempt)
+                if not self.chooser.any_up():
+                    time.sleep(NOT_READY_RETRY_S)
                 continue
             finally:
                 self.chooser.release(index)

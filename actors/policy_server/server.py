@@ -47,6 +47,7 @@ from protocol.messages import (
     WeightFile,
     WeightUpdateAck,
 )
+from protocol.newest_version import read_newest_version
 from protocol.security import secure_server, sender_role, watch_handshakes
 from protocol.weight_file import file_checksum, shared_lock
 
@@ -77,6 +78,11 @@ class PolicyServer:
         # ends with an error and its supervisor (deploy/launch.py, systemd) starts a fresh one
         self.engine_dead = False
         self.limits = None  # set in run(), before the engine: what every request is checked against
+        # started into a run whose learner has published a newer version than the engine loads (a
+        # restart): no generation until a weight update arrives, so no episode is played by the base
+        # model; the learner sees it in the Pong and pushes the newest weights here (catch-up)
+        self.awaiting_version = 0
+        self.generated = False  # any generation answered since start
         # message type -> handler(msg, identity) (common/server.py: anything else is an unexpected kind).
         # A handler returns its reply, or None when it answers itself: weight chunks are staged in the
         # receive loop, in order; generations, weight files and NCCL transfers each run in a task.
@@ -111,9 +117,13 @@ class PolicyServer:
         self.engine = await asyncio.to_thread(
             PolicyEngine, model_path, self.scfg, self.run_facts.seed + self.index, self.weight_sync.method
         )
+        newest = read_newest_version(self.run_facts.run_dir)
+        if newest > self.engine.version:
+            self.awaiting_version = newest
+            log.info("the run is at policy version %d: no generation until the learner pushes it here", newest)
         self.metrics.ready.set(1)
         self.metrics.policy_version.set(self.engine.version)
-        log.info("engine ready in %.1fs, serving policy version %d", time.time() - t0, self.engine.version)
+        log.info("engine ready in %.1fs, loaded policy version %d", time.time() - t0, self.engine.version)
         heartbeat = asyncio.create_task(self._heartbeat())  # from now on: the engine's start is start-up
         try:
             await recv_loop
@@ -172,7 +182,12 @@ class PolicyServer:
 
     def _ping(self, msg: Ping, identity: bytes) -> Pong:
         version = self.engine.version if self.engine else -1
-        return Pong(role="policy_server", policy_version=version, ready=self.engine is not None)
+        return Pong(
+            role="policy_server",
+            policy_version=version,
+            ready=self.engine is not None,
+            awaiting_version=self.awaiting_version,
+        )
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -192,6 +207,10 @@ class PolicyServer:
         self.metrics.messages_out.labels(msg.KIND).inc()
 
     async def _generate(self, req: GenerateRequest, identity: bytes) -> None:
+        if self.awaiting_version:
+            detail = f"waiting for the run's policy version {self.awaiting_version} (loaded: {self.engine.version})"
+            await self._send(identity, ErrorReply(reason="not_ready", detail=detail))
+            return
         self.metrics.requests_in_flight.inc()
         t0 = time.perf_counter()
         try:
@@ -201,6 +220,9 @@ class PolicyServer:
             self.metrics.requests_retried.inc(out.retries)
             self.metrics.prompt_tokens.inc(out.prompt_tokens)
             self.metrics.request_latency.observe(time.perf_counter() - t0)
+            if not self.generated:  # what a restart's first episode turn was played by
+                self.generated = True
+                log.info("first generation since start, at policy version %d", out.policy_version)
             await self._send(
                 identity,
                 GenerateResponse(
@@ -329,6 +351,9 @@ class PolicyServer:
         self.metrics.weight_update_seconds.observe(time.perf_counter() - t0)
         self.metrics.policy_version.set(version)
         log.info("policy version %d live (reload %.2fs)", version, apply_s)
+        if self.awaiting_version:  # any update lifts the wait: the learner's weights are the run's newest
+            log.info("serving generations again, at policy version %d", version)
+            self.awaiting_version = 0
         await self._send(
             identity, WeightUpdateAck(version=version, chunk_index=chunk_index, applied=True, apply_seconds=apply_s)
         )

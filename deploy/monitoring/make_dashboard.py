@@ -120,6 +120,8 @@ PANELS = [
     # operations: the processes themselves (the launcher's supervision, deploy/launch.py)
     ("Roles up (scrape)", "none", ['up{job=~"empo2_.*"}', "empo2_launch_role_up"]),
     ("Role restarts", "none", ["empo2_launch_restarts_total"]),
+    # a restarted policy server waits for the run's newest weights; the learner pushes them to it alone
+    ("Catch-up weight pushes (restarted servers)", "none", ["empo2_learner_catch_up_pushes_total"]),
     (
         "Messages / s by role",
         "ops",

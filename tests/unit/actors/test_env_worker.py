@@ -365,3 +365,36 @@ def test_the_training_loop_reports_episodes_to_memory_only_when_tip_rollouts_can
         worker.run()
     assert [m.episode_id for m in buffer.received if isinstance(m, Trajectory)] != []  # played and uploaded
     assert any(isinstance(m, EpisodeReport) for m in memory.received) == reported
+
+
+def test_a_server_waiting_for_the_newest_weights_is_passed_over_then_used_again(stub_server, servers, monkeypatch):
+    """A policy server answers not_ready (restarted, waiting for the run's newest weights): the turn
+    goes to the other server at once; with no other server up, it waits and asks again."""
+    import actors.env_actor.worker as worker_module
+    from protocol.messages import ErrorReply
+
+    monkeypatch.setattr(worker_module, "NOT_READY_RETRY_S", 0.01)
+    waiting = {"left": 3}  # this server's next 3 generations are refused
+
+    def restarted_answer(msg):
+        if isinstance(msg, GenerateRequest) and waiting["left"] > 0:
+            waiting["left"] -= 1
+            return ErrorReply(reason="not_ready", detail="waiting for the run's policy version 4 (loaded: 0)")
+        return policy_answer(msg)
+
+    restarted, other = stub_server(restarted_answer), servers[0]
+    prompt = np.array([1, 2], np.int32)
+    two = (_cfg(servers, f"endpoints.policy_servers=[{restarted.endpoint},{other.endpoint}]"), 2)
+    one = (_cfg(servers, f"endpoints.policy_servers=[{restarted.endpoint}]"), 1)
+    for cfg, servers_up in (two, one):
+        worker = EnvWorker(**cfg, runner=EpisodeRunner(ScriptedEnv(1), PlainPrompts(), max_steps=5))
+        try:
+            assert worker.generate(prompt, seed=0).text == "open door"
+        finally:
+            worker.close()
+        errors = worker.metrics.registry.get_sample_value("empo2_env_actor_errors_total", {"where": "not_ready"})
+        if servers_up == 2:  # refused once, answered by the other server
+            assert errors == 1 and waiting["left"] == 2
+            assert sum(isinstance(m, GenerateRequest) for m in other.received) == 1
+        else:  # alone: asked again until its wait is over
+            assert errors == 2 and waiting["left"] == 0

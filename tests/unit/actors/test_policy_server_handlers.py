@@ -122,3 +122,50 @@ def test_the_heartbeat_is_idle_time_or_completions_never_work_in_flight(tmp_path
         ticker.cancel()
 
     asyncio.run(scenario())
+
+
+class _ReadyEngine(_DeadEngine):
+    async def generate(self, req):
+        from actors.policy_server.engine import Completion
+
+        return Completion(
+            np.array([1], dtype=np.int32), np.array([-0.1], dtype=np.float32), "a", "stop", self.version, 2
+        )
+
+
+def test_a_server_started_into_a_run_serves_nothing_until_the_newest_weights_arrive(tmp_path):
+    """The learner published version 4 (protocol/newest_version.py) and this server's engine loaded
+    the base model (version 0): generations are answered not_ready, the Pong says what it awaits,
+    and the first weight update lifts the wait; the next generation is at that update's version."""
+    import asyncio
+
+    from protocol.messages import GenerateRequest
+    from protocol.newest_version import publish_newest_version
+
+    publish_newest_version(tmp_path, 4)
+
+    async def scenario() -> list:
+        server = PolicyServer(**given("empo2-policy-server", load_config([f"run_dir={tmp_path}"])))
+        server.engine, sent = _ReadyEngine(), []
+        server.awaiting_version = 4  # as run() sets it from the run's file, once the engine is up
+
+        async def send(identity, msg):
+            sent.append(msg)
+
+        server._send = send
+        req = GenerateRequest(
+            request_id="r", prompt_token_ids=np.array([1, 2], dtype=np.int32), max_tokens=4, temperature=1.0, seed=0
+        )
+        await server._generate(req, b"actor")
+        sent.append(server._ping(Ping(sender="learner"), b"learner"))
+        server.engine.version = 4  # the learner's catch-up push
+        await server._updated(b"learner", 4, 0, 0.1, 0.0)
+        await server._generate(req, b"actor")
+        sent.append(server._ping(Ping(sender="learner"), b"learner"))
+        return sent
+
+    refused, waiting, ack, answer, served = asyncio.run(scenario())
+    assert refused.reason == "not_ready" and "policy version 4" in refused.detail
+    assert waiting == Pong(role="policy_server", policy_version=0, ready=True, awaiting_version=4)
+    assert ack.applied and answer.policy_version == 4
+    assert served == Pong(role="policy_server", policy_version=4, ready=True, awaiting_version=0)

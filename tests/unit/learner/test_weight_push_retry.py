@@ -12,19 +12,21 @@ import pytest
 import torch
 import zmq
 
+from learner import weight_push
 from learner.weight_push import PushStalled, build_chunks, push_weight_file, push_weights
 from protocol import Client, bind_router, recv_request, send_reply
-from protocol.messages import WeightChunk, WeightUpdateAck
+from protocol.messages import ErrorReply, WeightChunk, WeightUpdateAck
 from tests.helpers import free_endpoint
 
 
 class StallingServer:
-    """Answers weight updates; the first `stall` requests get no answer in time (hung)."""
+    """Answers weight updates; the first `stall` requests get no answer in time (hung), the next
+    `not_ready` ones are answered not_ready (its engine starting)."""
 
-    def __init__(self, stall: int):
+    def __init__(self, stall: int, not_ready: int = 0):
         self.endpoint = free_endpoint()
         self.sock = bind_router(zmq.Context.instance(), self.endpoint)
-        self.stall, self.received, self._stop = stall, [], threading.Event()
+        self.stall, self.not_ready, self.received, self._stop = stall, not_ready, [], threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -36,6 +38,9 @@ class StallingServer:
             self.received.append(request.message)
             if len(self.received) <= self.stall:
                 continue  # hung: never answers this one
+            if len(self.received) <= self.stall + self.not_ready:
+                send_reply(self.sock, request.identity, ErrorReply(reason="not_ready", detail="engine still starting"))
+                continue
             msg = request.message
             last = not isinstance(msg, WeightChunk) or msg.chunk_index == msg.num_chunks - 1
             ack = WeightUpdateAck(version=msg.version, chunk_index=getattr(msg, "chunk_index", 0), applied=last)
@@ -51,8 +56,8 @@ class StallingServer:
 def server_factory():
     servers = []
 
-    def make(stall: int) -> StallingServer:
-        servers.append(StallingServer(stall))
+    def make(stall: int, not_ready: int = 0) -> StallingServer:
+        servers.append(StallingServer(stall, not_ready))
         return servers[-1]
 
     yield make
@@ -85,5 +90,26 @@ def test_a_push_that_stalls_every_attempt_fails_naming_the_server_and_the_keys(s
             push_weight_file([client], "/dev/shm/x.safetensors", "00", version=4, timeout_s=0.2, attempts=2)
         assert time.monotonic() - t0 < 2
         assert len(server.received) == 2
+    finally:
+        client.close()
+
+
+def test_a_server_starting_its_engine_is_sent_the_update_again_until_it_takes_it(server_factory, monkeypatch):
+    """A restarted policy server binds its socket before its engine is up and answers not_ready
+    meanwhile: the push waits for it (every NOT_READY_RETRY_S) instead of failing the learner, and
+    no attempt is spent; a server not ready for longer than the push timeout stalls the push."""
+    monkeypatch.setattr(weight_push, "NOT_READY_RETRY_S", 0.01)
+    server = server_factory(stall=0, not_ready=3)
+    client = Client(zmq.Context.instance(), server.endpoint, timeout_s=1.0)
+    try:
+        push_weights([client], chunks(5), timeout_s=1.0, attempts=1)
+        assert len(server.received) == 3 + 2  # the first chunk refused three times, then both taken
+    finally:
+        client.close()
+    never = server_factory(stall=0, not_ready=10_000)
+    client = Client(zmq.Context.instance(), never.endpoint, timeout_s=1.0)
+    try:
+        with pytest.raises(PushStalled, match="stayed not ready for 0s"):
+            push_weight_file([client], "/dev/shm/x.safetensors", "00", version=6, timeout_s=0.2, attempts=1)
     finally:
         client.close()
