@@ -40,6 +40,7 @@ from protocol.messages import (
     Pong,
     TensorMeta,
     Trajectory,
+    TurnRecord,
     WeightChunk,
     WeightFile,
 )
@@ -55,7 +56,14 @@ def valid_messages(rng: random.Random) -> dict[str, list]:
     turns = rng.randint(1, 4)
     prompt_lens = [rng.randint(1, 20) for _ in range(turns)]
     response_lens = [rng.randint(1, 8) for _ in range(turns)]
-    trajectory = Trajectory(
+    # turn i's tokens: the next prompt_lens[i] (response_lens[i]) of one running count
+    prompts = np.split(np.arange(sum(prompt_lens), dtype=np.int32), np.cumsum(prompt_lens)[:-1])
+    responses = np.split(np.arange(sum(response_lens), dtype=np.int32), np.cumsum(response_lens)[:-1])
+    trajectory = Trajectory.from_turns(
+        [
+            TurnRecord(p, r, -np.ones(len(r), np.float32), "a kitchen", "look around")
+            for p, r in zip(prompts, responses)
+        ],
         episode_id=f"fuzz-{rng.getrandbits(64):x}",
         group_id=f"{rng.getrandbits(128):032x}",
         slot=0,
@@ -65,16 +73,6 @@ def valid_messages(rng: random.Random) -> dict[str, list]:
         mode=ON_POLICY,
         score=10.0,
         done=False,
-        prompt_token_ids=np.arange(sum(prompt_lens), dtype=np.int32),
-        prompt_offsets=np.concatenate([[0], np.cumsum(prompt_lens)]).astype(np.int64),
-        response_token_ids=np.arange(sum(response_lens), dtype=np.int32),
-        response_offsets=np.concatenate([[0], np.cumsum(response_lens)]).astype(np.int64),
-        behaviour_logprobs=-np.ones(sum(response_lens), np.float32),
-        tip_spans=np.zeros((0, 3), np.int32),
-        policy_versions=np.zeros(turns, np.int32),
-        num_memories=np.zeros(turns, np.int32),
-        observations=["a kitchen"] * turns,
-        actions=["look around"] * turns,
     )
     report = EpisodeReport(
         episode_id=f"fuzz-{rng.getrandbits(64):x}",

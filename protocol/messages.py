@@ -513,7 +513,7 @@ class Trajectory(Message):
 
         def packed(arrays, dtype) -> tuple[np.ndarray, np.ndarray]:
             offsets = np.concatenate([[0], np.cumsum([len(x) for x in arrays])]).astype(np.int64)
-            return np.concatenate([np.asarray(x, dtype) for x in arrays]).astype(dtype), offsets
+            return np.concatenate([np.asarray(x, dtype) for x in arrays]), offsets
 
         prompts, prompt_offsets = packed([t.prompt_ids for t in turns], np.int32)
         responses, response_offsets = packed([t.response_ids for t in turns], np.int32)
