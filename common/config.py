@@ -9,7 +9,6 @@ sections live there too, and only there.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -266,10 +265,11 @@ class RunFacts:
     heartbeat_path: str = ""
 
     def run_path(self, *parts: str) -> Path:
-        """A path in the run directory, its parent made."""
-        path = Path(self.run_dir).joinpath(*parts)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path
+        return run_path(self.run_dir, *parts)
 
-    def with_(self, **changes) -> RunFacts:
-        return dataclasses.replace(self, **changes)
+
+def run_path(run_dir: str, *parts: str) -> Path:
+    """A path in the run directory, its parent made (RunFacts.run_path, PipelineConfig.run_path)."""
+    path = Path(run_dir).joinpath(*parts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path

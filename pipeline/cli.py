@@ -131,7 +131,7 @@ def role_facts(role: Role, cfg: PipelineConfig) -> RunFacts:
     except ConfigError as exc:
         print(f"{role.command}: bad configuration: {exc}", file=sys.stderr)
         sys.exit(2)
-    return run_facts(cfg, port).with_(heartbeat_path=str(heartbeat_path(cfg.run_dir, process_name(role, index))))
+    return run_facts(cfg, port, str(heartbeat_path(cfg.run_dir, process_name(role, index))))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -36,6 +36,7 @@ from common.config import (
     WeightSyncConfig,
     at_least,
     check,
+    run_path,
 )
 from deploy.config import LaunchConfig
 from evaluation.config import EvalConfig, TestTimeAdaptationConfig
@@ -67,9 +68,7 @@ class PipelineConfig:
     pipeline: PipelineModeConfig = field(default_factory=PipelineModeConfig)
 
     def run_path(self, *parts: str) -> Path:
-        path = Path(self.run_dir).joinpath(*parts)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path
+        return run_path(self.run_dir, *parts)
 
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -246,8 +245,9 @@ def _cross_section_rules(cfg: PipelineConfig) -> None:
         )
 
 
-def run_facts(cfg: PipelineConfig, metrics_port: int = 0) -> RunFacts:
-    """The run-wide facts a role is given beside its own sections (common.config.RunFacts)."""
+def run_facts(cfg: PipelineConfig, metrics_port: int = 0, heartbeat_path: str = "") -> RunFacts:
+    """The run-wide facts a role is given beside its own sections (common.config.RunFacts); the
+    process's own metrics port and heartbeat file where it has them (pipeline/cli.py, role_facts)."""
     sec = cfg.security
     door = DoorLimits(
         vocab_size=0,  # each server adds its model's
@@ -274,6 +274,7 @@ def run_facts(cfg: PipelineConfig, metrics_port: int = 0) -> RunFacts:
         total_steps=cfg.learner.total_steps,
         door=door,
         metrics_port=metrics_port,
+        heartbeat_path=heartbeat_path,
     )
 
 
@@ -282,9 +283,7 @@ def _check_ports(cfg: PipelineConfig) -> None:
     the valid port range, and no endpoint or NCCL rendezvous port on the metrics host falls into
     the metrics block."""
     m = cfg.metrics
-    low, high = m.base_port, m.base_port + METRICS_PORT_SPAN - 1
-    if not (1024 <= low and high <= 65535):
-        raise ConfigError("metrics.base_port", f"the metrics ports {low}..{high} must lie in 1024..65535")
+    low, high = m.base_port, m.base_port + METRICS_PORT_SPAN - 1  # in 1024..65535: MetricsConfig.validate
     for key, role, count in (
         ("endpoints.policy_servers", "policy_server", len(cfg.endpoints.policy_servers)),
         ("launch.num_env_actors", "env_actor", cfg.launch.num_env_actors),
