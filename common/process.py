@@ -72,6 +72,16 @@ def spawn_command(command: str, args: list[str], log_path: Path, **kwargs) -> su
     return spawn_role("pipeline", [command, *args], log_path, **kwargs)
 
 
+def signal_leader(process: subprocess.Popen, sig: int) -> None:
+    """Signal the child alone, not its group: a role told to stop stops its own children in order
+    (a SIGTERM to the whole group reached a vLLM worker in the middle of an engine step, and the
+    engine core logged a fatal error on an ordinary stop)."""
+    try:
+        process.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
 def signal_group(process: subprocess.Popen, sig: int) -> None:
     """Signal the process group of a child started with start_new_session=True."""
     try:
@@ -198,19 +208,24 @@ def _pids() -> list[int]:
     return [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()]
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after "pid (comm)" (comm may hold spaces and parentheses):
+    state, ppid, ...; [] if the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def _ppid(pid: int) -> int | None:
-    try:  # /proc/<pid>/stat: "pid (comm) state ppid ...", where comm may hold spaces and parentheses
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
+    fields = _stat(pid)
+    return int(fields[1]) if len(fields) > 1 else None
 
 
 def _alive(pid: int) -> bool:
     """The process exists and is not a zombie (exited, not yet reaped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z"
 
 
 def _pgid(pid: int) -> int | None:
@@ -229,14 +244,9 @@ def _shm_maps(pid: int) -> set[str]:
 
 
 def stop_group(process: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM the child (its group's leader), give the group `grace_s` to exit whole, then
-    SIGKILL what is left. The leader alone is told, so it stops its own children in order: a
-    SIGTERM to the whole group reached a vLLM worker in the middle of an engine step, and the
-    engine core logged a fatal error on an ordinary stop."""
-    try:
-        process.send_signal(signal.SIGTERM)
-    except ProcessLookupError:
-        pass
+    """SIGTERM the child (signal_leader), give its group `grace_s` to exit whole, then SIGKILL
+    what is left."""
+    signal_leader(process, signal.SIGTERM)
     wait_group(process, time.monotonic() + grace_s)
     signal_group(process, signal.SIGKILL)
     process.wait()

@@ -48,6 +48,7 @@ from common.process import (
     interrupt_on_sigterm,
     orphaned_semaphores,
     signal_group,
+    signal_leader,
     spawn_role,
     unlink_unmapped,
     wait_group,
@@ -71,8 +72,8 @@ from pipeline.roles import LEARNER_TOKEN_ENV, RoleSpec, env_actor_spec, run_role
 ATTACH_TIMEOUT_S = 120.0
 
 
-# The launcher's line in a role's log when it stops the role at the end of a run (SIGTERM to its
-# process group): a clean stop writes no traceback or leaked-resource warning after it.
+# The launcher's line in a role's log when it stops the role at the end of a run (SIGTERM to the
+# role, SIGKILL to what is left of its group after the grace period): a clean stop writes no traceback or leaked-resource warning after it.
 STOPPING = "stopping: SIGTERM (then its process group is given launch.stop_grace_s to exit)"
 
 
@@ -358,8 +359,7 @@ class Launcher:
         for child in reversed(self.children):
             if child.process.poll() is None:
                 child.note(STOPPING)  # what follows in its log is its stop
-                # the role alone, not its group: it stops its own children in order (common/process.py, stop_group)
-                child.process.send_signal(signal.SIGTERM)
+                signal_leader(child.process, signal.SIGTERM)  # it stops its own children in order
         deadline = time.monotonic() + self.cfg.launch.stop_grace_s
         for child in self.children:
             wait_group(child.process, deadline)

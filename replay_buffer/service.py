@@ -72,9 +72,8 @@ class BufferProcess:
     ):
         # validated at load: e.g. max_ready_groups >= learner.groups_per_step
         self.bcfg, self.run_facts = replay_buffer, run
-        self.limits = replace(
-            run.door, vocab_size=vocab_size
-        )  # every message is checked against these (common/server.py)
+        # every message is checked against these (common/server.py)
+        self.limits = replace(run.door, vocab_size=vocab_size)
         sync_groups = run.groups_per_step if run.sync else 0  # pipeline.mode=sync: one batch per policy version
         self.buffer = ReplayBuffer(replay_buffer, variations, run.seed, sync_groups)
         self.metrics = ReplayBufferMetrics()
