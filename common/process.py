@@ -172,9 +172,9 @@ class ChildSharedMemory:
         if not self.shared_tracker:
             return []
         deadline = time.monotonic() + timeout_s
-        while any(_alive(pid) for pid in self.owners) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in self.owners) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if any(_alive(pid) for pid in self.owners):
+        if any(alive(pid) for pid in self.owners):
             return []
         gone = unlink_unmapped({path for paths in self.owners.values() for path in paths})
         for path in gone:  # registered by its creator (SharedMemory(create=True)); unlinked by no one
@@ -187,11 +187,11 @@ def orphaned_semaphores() -> set[str]:
     gone. A vLLM CPU worker creates one that loky's resource tracker unlinks at a normal exit; a
     role killed with SIGKILL takes the tracker with it, and its name is not mapped, so
     group_shm_files cannot see it (seen in the fault matrix). A reused pid leaves its file alone."""
-    alive = set(_pids())
+    living = set(_pids())
     return {
         str(path)
         for path in Path("/dev/shm").glob("sem.loky-*")
-        if (creator := re.match(r"sem\.loky-(\d+)-", path.name)) and int(creator[1]) not in alive
+        if (creator := re.match(r"sem\.loky-(\d+)-", path.name)) and int(creator[1]) not in living
     }
 
 
@@ -222,7 +222,7 @@ def _ppid(pid: int) -> int | None:
     return int(fields[1]) if len(fields) > 1 else None
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """The process exists and is not a zombie (exited, not yet reaped)."""
     fields = _stat(pid)
     return bool(fields) and fields[0] != "Z"

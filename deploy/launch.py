@@ -83,7 +83,6 @@ class Child:
     process: subprocess.Popen
     log_path: Path
     spec: RoleSpec | None = None
-    restarts: int = 0
     restart_times: list[float] = field(default_factory=list)  # time.monotonic() of each restart
     restart_at: float | None = None  # set while the role waits out its backoff
     last_exit: int | None = None  # of the last process that exited while the run went on (restarted)
@@ -92,6 +91,10 @@ class Child:
     reason: str = "exit"  # why it is down: "exit" (it exited) or "hung" (killed: no heartbeat)
     restart_reasons: dict[str, int] = field(default_factory=dict)  # reason -> restarts
     final_exit: int | None = None  # of its process when the launcher stopped (0: a clean stop; -9: killed)
+
+    @property
+    def restarts(self) -> int:
+        return sum(self.restart_reasons.values())
 
     def note(self, line: str) -> None:
         """A line of the launcher's in the role's log (appended, as the role writes it)."""
@@ -267,7 +270,6 @@ class Launcher:
         child.started_at = time.time()
         child.process = self._spawn(child.spec)
         child.restart_at = None
-        child.restarts += 1
         child.restart_times.append(now)
         child.restart_reasons[child.reason] = child.restart_reasons.get(child.reason, 0) + 1
         self.metrics.restarts.labels(child.name, child.reason).inc()

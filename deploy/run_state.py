@@ -22,6 +22,8 @@ import signal
 import time
 from pathlib import Path
 
+from common.process import alive
+
 STATE_FILE = Path("launch") / "state.json"
 SCALE_FILE = Path("launch") / "scale.json"  # {"num_env_actors": N}: empo2-run --attach asks, the launcher applies
 TARGETS_FILE = Path("prometheus") / "targets.json"
@@ -71,7 +73,8 @@ def read_finished(run_dir: str | Path, state: dict | None = None) -> dict | None
     except (OSError, ValueError):
         summary = None
     if finished is None:
-        if summary is None or _running(state.get("launcher_pid")):
+        launcher = state.get("launcher_pid")
+        if summary is None or (launcher and alive(launcher)):
             return None
         finished = {
             "outcome": summary.get("outcome"),
@@ -81,18 +84,6 @@ def read_finished(run_dir: str | Path, state: dict | None = None) -> dict | None
             "summary": str(summary_path),
         }
     return {**finished, "summary_data": summary or {}}
-
-
-def _running(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def scrape_targets(roles: list[dict], launcher_target: str) -> list[dict]:
