@@ -9,8 +9,8 @@ everything played so far to benchmarks/results/learning_check_base.{json,md}; `-
 does only that.
 
 `compare`: EMPO2 and GRPO each trained once per training seed (--seeds, default 0 1 2) with the
-same wall budget (empo2-run with launch.timeout_s = --budget-min, checkpoints every
---checkpoint-every steps, learner.lr = --lr); the base model and every final checkpoint scored on
+same budget (empo2-run with launch.timeout_s = --budget-min, or --steps learner steps each: fairer
+on a machine shared with other work; checkpoints every --checkpoint-every steps, learner.lr = --lr); the base model and every final checkpoint scored on
 the same --tasks test variations and evaluation seeds (empo2-eval), so every comparison is paired.
 The report (evaluation/stats.py): per policy the mean score with a bootstrap 95% CI over the
 (variation, seed) units, Pass@k; per pair (EMPO2 - base, GRPO - base, EMPO2 - GRPO) the paired
@@ -162,7 +162,10 @@ def train(preset: str, seed: int, run_dir: Path, tasks: list[str], args) -> None
         f"seed={seed}",
         f"replay_buffer.tasks=[{','.join(tasks)}]",
         f"run_dir={run_dir}",
-        "learner.total_steps=100000",  # the wall budget ends the run, not the step count
+        # --steps: the same number of learner steps for every run (a fair budget on a shared, noisy
+        # machine, where a wall budget gives a run slowed by other work fewer steps), the wall budget
+        # a safety stop; else the wall budget ends the run
+        f"learner.total_steps={args.steps or 100000}",
         f"learner.checkpoint_every={args.checkpoint_every}",
         f"learner.lr={args.lr}",
         f"launch.timeout_s={args.budget_min * 60}",
@@ -172,7 +175,8 @@ def train(preset: str, seed: int, run_dir: Path, tasks: list[str], args) -> None
             else []
         ),
     ]
-    print(f"[learning_check] training {preset} seed {seed} for {args.budget_min} min", flush=True)
+    budget = f"{args.steps} steps (at most {args.budget_min:g} min)" if args.steps else f"{args.budget_min:g} min"
+    print(f"[learning_check] training {preset} seed {seed} for {budget}", flush=True)
     argv = [sys.executable, "-m", "pipeline", "empo2-run", *overrides]
     subprocess.run(_locked(args.lock, argv), cwd=REPO)  # ends by its timeout
 
@@ -232,6 +236,7 @@ def collect_compare(root: Path, args) -> int:
             "eval_seeds": args.episodes,
             "training_seeds": args.seeds,
             "budget_min": args.budget_min,
+            "steps": args.steps,
             "lr": args.lr,
         },
         "policies": per_policy,
@@ -312,7 +317,7 @@ def compare_table(result: dict) -> str:
     lines = [
         f"Tasks {', '.join(d['tasks'])}: {d['variations']} test variations x {d['eval_seeds']} evaluation seeds "
         f"(the units, paired across policies); {len(d['training_seeds'])} training seed(s) per method, "
-        f"{d['budget_min']:g} min each at lr {d['lr']:g}. A method's score on a unit is the mean over its "
+        f"{_budget(d)} each at lr {d['lr']:g}. A method's score on a unit is the mean over its "
         "training seeds' checkpoints. 95% CIs: percentile bootstrap over units; p: two-sided sign-flip "
         "permutation test of the paired differences.",
         "",
@@ -369,6 +374,11 @@ def compare_table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _budget(design: dict) -> str:
+    steps = design.get("steps")  # absent from a report written before --steps
+    return f"{steps} learner steps (at most {design['budget_min']:g} min)" if steps else f"{design['budget_min']:g} min"
+
+
 def _cell(value) -> str:
     if value is None:
         return "-"
@@ -391,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--collect", action="store_true", help="only write the table of the episodes played so far")
     c = sub.add_parser("compare", help="EMPO2 vs GRPO vs base, paired, several training seeds")
     c.add_argument("--tasks", nargs="+", required=True)
-    c.add_argument("--budget-min", type=float, default=45.0)
+    c.add_argument("--budget-min", type=float, default=45.0, help="each training run's wall budget")
+    c.add_argument("--steps", type=int, default=0, help="each run's learner steps (0: as many as --budget-min allows)")
     c.add_argument("--checkpoint-every", type=int, default=2)
     # the CPU profile keeps the paper's 1e-6, set for thousands of steps of a 7B model; a 45-min CPU
     # budget gives the 135M model about 15 steps of 4 episodes, over which 1e-6 hardly moves it

@@ -45,7 +45,7 @@ def test_compare_pairs_the_policies_on_their_common_units(tmp_path, monkeypatch)
     for seed, shift in ((0, 10.0), (1, 30.0)):  # two training seeds: a unit's EMPO2 score is their mean, 20
         _evaluation(root / "empo2" / f"seed{seed}", {u: shift for u in units})
     _evaluation(root / "grpo" / "seed0", {u: 5.0 * i for i, u in enumerate(units)})
-    args = SimpleNamespace(tasks=["boil"], variations=2, episodes=2, seeds=[0, 1], budget_min=1.0, lr=1e-5)
+    args = SimpleNamespace(tasks=["boil"], variations=2, episodes=2, seeds=[0, 1], budget_min=1.0, steps=0, lr=1e-5)
     assert lc.collect_compare(root, args) == 0
     result = json.loads((tmp_path / "results" / "learning_check_compare.json").read_text())
     assert result["policies"]["empo2"]["mean"] == pytest.approx(20.0)
@@ -58,6 +58,21 @@ def test_compare_pairs_the_policies_on_their_common_units(tmp_path, monkeypatch)
     table = (tmp_path / "results" / "learning_check_compare.md").read_text()
     assert "| empo2 − base | 20.0 [20.0, 20.0] | 0.125 |" in table
     assert "| empo2/seed0 | - | - |" in table  # the diagnostics row of a run without metrics
+
+
+def test_a_step_budget_gives_every_run_the_same_learner_steps_under_a_wall_limit(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(lc.subprocess, "run", lambda argv, **kw: ran.append(argv))
+    args = SimpleNamespace(steps=8, budget_min=30.0, checkpoint_every=2, lr=1e-5, eval_every=0, lock="")
+    lc.train("grpo", 1, tmp_path, ["boil"], args)
+    lc.train("grpo", 1, tmp_path, ["boil"], SimpleNamespace(**{**vars(args), "steps": 0}))
+    (steps, *_), (wall, *_) = ([a for a in argv if a.startswith("learner.total_steps=")] for argv in ran)
+    assert steps == "learner.total_steps=8" and wall == "learner.total_steps=100000"  # 0: the wall budget ends it
+    assert all("launch.timeout_s=1800.0" in argv for argv in ran)
+    assert "8 learner steps (at most 30 min)" in lc.compare_table(
+        {"design": {**vars(args), "tasks": ["boil"], "variations": 1, "eval_seeds": 1, "training_seeds": [1]},
+         "policies": {}, "pairs": [], "evaluations": [], "training": {}}
+    )  # fmt: skip
 
 
 def test_the_diagnostics_of_a_run_are_its_step_means_its_tip_rollouts_and_its_memory(tmp_path):
