@@ -43,23 +43,34 @@ class ResponseScorer(torch.nn.Module):
         attention_mask: torch.Tensor,
         rows: torch.Tensor,
         position_ids: torch.Tensor | None = None,
+        inverse_temperature: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """[B, L] ids, a [B, L] padding mask or a [B, 1, L, L] boolean attention mask, [N] rows of
-        the flattened [B*L] positions -> [N, V] log-softmax."""
+        the flattened [B*L] positions -> [N, V] log-softmax, of the logits times
+        `inverse_temperature` [N] when given (each row at the temperature it was sampled at)."""
         hidden = self.lm.get_decoder()(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
         ).last_hidden_state  # [B, L, H]
         logits = self.lm.get_output_embeddings()(hidden.flatten(0, 1)[rows]).float()  # [N, V]
+        if inverse_temperature is not None:
+            logits = logits * inverse_temperature[:, None]
         return torch.log_softmax(logits, dim=-1)
 
 
 @dataclass
 class Scored:
     """A token sequence and the spans of it whose tokens are scored: (start, length) each, a
-    turn's response inside its segment's chain (learner/step.py)."""
+    turn's response inside its segment's chain (learner/step.py), each at the temperature it was
+    sampled at (None: all at 1)."""
 
     tokens: np.ndarray  # int [L]
     spans: list[tuple[int, int]]
+    temperatures: list[float] | None = None  # one per span
+
+    def inverse_temperatures(self) -> np.ndarray:
+        """[ΣT] 1 / the temperature of each scored token, span after span."""
+        temps = self.temperatures or [1.0] * len(self.spans)
+        return np.concatenate([np.full(n, 1.0 / t, np.float32) for (_, n), t in zip(self.spans, temps)] or [[]])
 
     def targets(self) -> np.ndarray:
         """[ΣT] the scored tokens, span after span."""
@@ -113,7 +124,8 @@ def row_length(seqs: list[Scored]) -> int:
 
 def batch_log_softmax(model, batch: list[list[Scored]]) -> torch.Tensor:
     """log πθ(· | the tokens before) at every scored position of every row's sequences, in order
-    (row, sequence, span, token): [ΣT, V]. `model` is a ResponseScorer or a plain HF LM.
+    (row, sequence, span, token): [ΣT, V], each span's logits divided by its temperature (the
+    distribution its tokens were sampled from). `model` is a ResponseScorer or a plain HF LM.
 
     The rows run as one right-padded batch. Under causal attention a position never attends to the
     padding after it, so each row equals its own unpadded forward; a row with a shared prefix gets a
@@ -130,13 +142,19 @@ def batch_log_softmax(model, batch: list[list[Scored]]) -> torch.Tensor:
         branch[b, : len(r.tokens)] = torch.from_numpy(r.branch)
         positions[b, : len(r.tokens)] = torch.from_numpy(r.positions)
     rows = torch.from_numpy(np.concatenate([r.rows + b * width for b, r in enumerate(laid)]))
+    tempered = any(s.temperatures and any(t != 1.0 for t in s.temperatures) for seqs in batch for s in seqs)
+    inverse = (
+        torch.from_numpy(np.concatenate([s.inverse_temperatures() for seqs in batch for s in seqs])).to(device)
+        if tempered
+        else None  # all at 1: the plain log-softmax
+    )
     if all(len(seqs) == 1 for seqs in batch):
-        return scorer(input_ids.to(device), (branch >= 0).long().to(device), rows.to(device))
+        return scorer(input_ids.to(device), (branch >= 0).long().to(device), rows.to(device), None, inverse)
     key, query = branch[:, None, :], branch[:, :, None]  # [B, 1, L] and [B, L, 1]
     causal = torch.ones(width, width, dtype=torch.bool).tril()
     allowed = causal & (key >= 0) & ((key == 0) | (key == query))
     allowed |= torch.eye(width, dtype=torch.bool)  # a padding query sees itself (no empty softmax row)
-    return scorer(input_ids.to(device), allowed[:, None].to(device), rows.to(device), positions.to(device))
+    return scorer(input_ids.to(device), allowed[:, None].to(device), rows.to(device), positions.to(device), inverse)
 
 
 def token_logprobs(log_softmax: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

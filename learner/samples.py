@@ -26,6 +26,8 @@ from learner.advantages import (
 )
 from protocol.messages import OFF_POLICY, Trajectory
 
+GREEDY_BELOW = 1e-5  # vLLM samples greedily below this temperature (its _SAMPLING_EPS)
+
 
 @dataclass
 class TurnSample:
@@ -40,6 +42,9 @@ class TurnSample:
     # the previous sample's update prompt + response is a prefix of this one's update prompt (and so is its
     # tip-free prompt + response of this tip-free prompt): the two are scored in one sequence when packed
     continues: bool = False
+    # the temperature the response was sampled at, which it is scored at (Trajectory.temperatures;
+    # greedy's 0 is 1, as the server reports it)
+    temperature: float = 1.0
 
     @property
     def update_is_behaviour_prompt(self) -> bool:
@@ -75,6 +80,12 @@ def group_turn_advantages(
     returns = [discounted_returns(t, score_scale, r_int, gigpo.gamma) for t, r_int in zip(members, intrinsic)]
     steps = anchor_step_advantages(members, returns, gigpo.norm, eps)
     return [a + gigpo.step_weight * s for a, s in zip(advantages, steps)]
+
+
+def scoring_temperature(sampled: float) -> float:
+    """The temperature a response is scored at: the one it was sampled at, where vLLM's processed
+    log-probs are of logits / T; greedy sampling (T below vLLM's 1e-5) reports untempered ones."""
+    return sampled if sampled >= GREEDY_BELOW else 1.0
 
 
 def finite_samples(samples: list[TurnSample]) -> tuple[list[TurnSample], int]:
@@ -116,6 +127,7 @@ def build_samples(
                         policy_version=int(traj.policy_versions[i]),
                         with_tips=bool(spans) and traj.mode in TIP_MODES,
                         continues=not traj.chain_starts[i],
+                        temperature=scoring_temperature(float(traj.temperatures[i])),
                     )
                 )
     return samples

@@ -57,6 +57,7 @@ SCORE_MIN, SCORE_MAX = -100.0, 100.0
 LOGPROB_TOLERANCE = 1e-4
 # Ids (episode, group, actor, request), task names, roles, stop strings: short by construction.
 MAX_ID_CHARS = 256
+MAX_TEMPERATURE = 10.0  # a sampling temperature above this is a mistake, not a setting
 MAX_STOP_STRINGS = 16
 
 
@@ -187,7 +188,7 @@ class GenerateRequest(Message):
         _check(self.prompt_token_ids.dtype == np.int32, "prompt_token_ids must be int32")
         _check(int(self.prompt_token_ids.min()) >= 0, "negative token id")
         _check(0 < self.max_tokens <= 4096, f"max_tokens {self.max_tokens} out of (0, 4096]")
-        _check(0.0 <= self.temperature <= 10.0, "temperature out of [0, 10]")
+        _check(0.0 <= self.temperature <= MAX_TEMPERATURE, f"temperature out of [0, {MAX_TEMPERATURE}]")
         _check(0.0 < self.top_p <= 1.0, "top_p out of (0, 1]")
         _check(_short(self.request_id, *self.stop) and len(self.stop) <= MAX_STOP_STRINGS, "request id or stop strings")
 
@@ -207,11 +208,15 @@ class GenerateResponse(Message):
     text: str  # detokenised response
     policy_version: int  # version of the weights that produced every token (never mixed)
     finish_reason: str  # "stop" | "length" | "abort"
+    # the temperature the tokens were sampled at: `logprobs` are of that tempered distribution,
+    # log softmax(logits / T), as sampled (vLLM's processed log-probs; T = 0, greedy, reports T = 1)
+    temperature: float = 1.0
 
     def validate(self) -> None:
         _vector(self.token_ids, np.int32, "token_ids")
         _vector(self.logprobs, np.float32, "logprobs")
         _check(self.token_ids.shape == self.logprobs.shape, "token_ids/logprobs length differ")
+        _check(0.0 <= self.temperature <= MAX_TEMPERATURE, f"temperature out of [0, {MAX_TEMPERATURE}]")
 
 
 # ----------------------------------------------------------------------------- weights
@@ -418,6 +423,7 @@ class TurnRecord:
     chain_start: bool = True  # the prompt does not extend the previous turn's prompt and response
     location: str = ""  # the room after the action (Trajectory.locations)
     inventory: str = ""  # the inventory after the action (Trajectory.inventories)
+    temperature: float = 1.0  # the response's sampling temperature (GenerateResponse.temperature)
 
 
 @register
@@ -484,6 +490,11 @@ class Trajectory(Message):
     # At the episode's end: ScienceWorld's goal progress (env.get_goal_progress(): its subgoals, each done
     # or not), at most MAX_GOAL_PROGRESS_CHARS. "": not recorded.
     goal_progress: str = ""
+    # float32 [turns]: the temperature each turn's response was sampled at; its behaviour_logprobs are of
+    # that tempered distribution, and the learner scores the turn at the same temperature
+    # (learner/policy_model.py), so the ratio compares like with like. 0 (greedy) is scored at 1, as vLLM
+    # reports it. Derived: 1.0 per turn.
+    temperatures: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.phase_seconds is None:
@@ -500,6 +511,8 @@ class Trajectory(Message):
             self.locations = [""] * self.num_turns
         if self.inventories is None:
             self.inventories = [""] * self.num_turns
+        if self.temperatures is None:
+            self.temperatures = np.ones(self.num_turns, np.float32)
 
     @property
     def num_turns(self) -> int:
@@ -538,6 +551,7 @@ class Trajectory(Message):
             chain_starts=np.asarray([t.chain_start for t in turns], np.uint8),
             locations=[t.location for t in turns],
             inventories=[t.inventory for t in turns],
+            temperatures=np.asarray([t.temperature for t in turns], np.float32),
         )
 
     def validate(self) -> None:
@@ -582,6 +596,11 @@ class Trajectory(Message):
         )
         _check(self.success == is_success(self.done, self.score), "success must be done and score > SUCCESS_SCORE")
         _check(len(self.locations) == n and len(self.inventories) == n, "locations and inventories: one per turn")
+        temps = self.temperatures
+        _check(temps.dtype == np.float32 and temps.shape == (n,), "temperatures must be float32, one per turn")
+        _check(
+            bool(np.all((temps >= 0) & (temps <= MAX_TEMPERATURE))), f"temperatures must be in [0, {MAX_TEMPERATURE}]"
+        )
         for name, texts, limit in (
             ("a location", self.locations, MAX_LOCATION_CHARS),
             ("an inventory", [*self.inventories, self.start_inventory], MAX_INVENTORY_CHARS),

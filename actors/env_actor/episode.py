@@ -202,6 +202,7 @@ class EpisodeRunner:
                 chain_start=t.chain_start,
                 location=t.location[:MAX_LOCATION_CHARS],
                 inventory=t.inventory[:MAX_INVENTORY_CHARS],
+                temperature=t.response.temperature,
             )
             for t in turns
         ]

@@ -56,6 +56,7 @@ class Completion:
     policy_version: int
     prompt_tokens: int
     retries: int = 0  # times the generation was aborted by a weight update and run again
+    temperature: float = 1.0  # the request's: the logprobs are of the distribution tempered by it
 
 
 class VersionGate:
@@ -132,6 +133,11 @@ def start_vllm(model_path: str, cfg: PolicyServerConfig, seed: int, weight_sync:
         tensor_parallel_size=cfg.tensor_parallel_size,
         worker_extension_cls="actors.policy_server.worker_ext.WeightUpdateExtension",
         weight_transfer_config={"backend": "nccl"} if weight_sync == "nccl" else None,
+        # the log-prob of each sampled token under the distribution it was sampled from (the logits
+        # divided by the request's temperature): the ratio's behaviour side at any temperature; the
+        # learner scores each turn at its recorded temperature (learner/policy_model.py). Equal to
+        # the raw log-prob at temperature 1 and top_p 1, the training default
+        logprobs_mode="processed_logprobs",
     )
     log.info("starting vLLM engine: model=%s device=%s dtype=%s", model_path, device, dtype)
     return _async_llm_class().from_engine_args(args)
@@ -219,7 +225,14 @@ class PolicyEngine:
             [step[tok].logprob for step, tok in zip(choice.logprobs, choice.token_ids)], dtype=np.float32
         )
         return Completion(
-            token_ids, logprobs, choice.text, str(choice.finish_reason), version, len(prompt_token_ids), attempt
+            token_ids,
+            logprobs,
+            choice.text,
+            str(choice.finish_reason),
+            version,
+            len(prompt_token_ids),
+            attempt,
+            request.temperature,
         )
 
     @property

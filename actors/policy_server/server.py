@@ -232,6 +232,7 @@ class PolicyServer:
                     text=out.text,
                     policy_version=out.policy_version,
                     finish_reason=out.finish_reason,
+                    temperature=out.temperature,
                 ),
             )
         except Exception as exc:  # one bad request must not take the server down

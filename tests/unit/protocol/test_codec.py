@@ -763,11 +763,14 @@ def test_a_chain_round_trips_and_a_record_without_chain_starts_is_every_turn_its
     t = _chained([(0, 1, 2), (1, 1, 2), (1, 4, 5)])  # turn 0's tip kept where it was; a new one after the response
     out = decode(encode(t))
     assert out.chain_starts.tolist() == [1, 0] and out.extends_previous(1)
-    # a record written before the field: its array is the message's last frame
+    # a record written before the field (and before temperatures, the array after it): their arrays are
+    # the message's last two frames
     frames = encode(t)
     header = header_of(frames)
-    assert header["body"].pop("chain_starts")["__nd__"] == len(frames) - 3
-    assert decode(with_header(frames[:-1], header)).chain_starts.tolist() == [1, 1]
+    assert header["body"].pop("chain_starts")["__nd__"] == len(frames) - 4
+    assert header["body"].pop("temperatures")["__nd__"] == len(frames) - 3
+    old = decode(with_header(frames[:-2], header))
+    assert old.chain_starts.tolist() == [1, 1] and old.temperatures.tolist() == [1.0, 1.0]
 
 
 @pytest.mark.parametrize(
