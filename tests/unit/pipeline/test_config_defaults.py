@@ -149,6 +149,12 @@ NOT_CONFIG = {
     ("deploy.monitor.scrape", "timeout_s"),  # one HTTP scrape, not launch.timeout_s
     ("protocol.transport.Client", "timeout_s"),  # a request's default timeout, not launch.timeout_s
     ("deploy.harness.LaunchedRun", "timeout_s"),  # how long a test or benchmark waits on its run
+    # the temperature a response was sampled at, recorded with it (1.0: untempered, a record that predates
+    # it), not env_actor.temperature
+    ("protocol.messages.GenerateResponse", "temperature"),
+    ("actors.policy_server.engine.Completion", "temperature"),
+    ("protocol.messages.TurnRecord", "temperature"),
+    ("learner.samples.TurnSample", "temperature"),
 }
 PACKAGES = ("actors", "common", "deploy", "evaluation", "learner", "memory_service", "protocol", "replay_buffer")
 SKIP_MODULES = {"actors.policy_server.worker_ext"}  # imports vLLM at import time (runs inside the engine)
@@ -167,9 +173,10 @@ def _config_field_names() -> set[str]:
 
 def _callables():
     for package in PACKAGES:
-        for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
-            module_name = f"{package}.{info.name}"
-            if module_name in SKIP_MODULES or info.name == "config":
+        # every module, those of subpackages too (actors/env_actor/, actors/policy_server/)
+        for info in pkgutil.walk_packages(importlib.import_module(package).__path__, f"{package}."):
+            module_name = info.name
+            if module_name in SKIP_MODULES or info.ispkg or module_name.rsplit(".", 1)[1] == "config":
                 continue
             module = importlib.import_module(module_name)
             for name, obj in vars(module).items():
