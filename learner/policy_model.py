@@ -162,7 +162,12 @@ def token_logprobs(log_softmax: torch.Tensor, tokens: torch.Tensor) -> torch.Ten
     return log_softmax.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def response_logprobs(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor) -> torch.Tensor:
-    """log πθ(response_t | prompt, response_<t) for each response token of one sequence: [T]."""
-    seq = Scored(torch.cat([prompt_ids, response_ids]).cpu().numpy(), [(prompt_ids.numel(), response_ids.numel())])
+def response_logprobs(
+    model, prompt_ids: torch.Tensor, response_ids: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """log πθ(response_t | prompt, response_<t) for each response token of one sequence, at the
+    temperature it was sampled at: [T]."""
+    seq = Scored(
+        torch.cat([prompt_ids, response_ids]).cpu().numpy(), [(prompt_ids.numel(), response_ids.numel())], [temperature]
+    )
     return token_logprobs(batch_log_softmax(model, [[seq]]), response_ids)

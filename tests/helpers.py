@@ -49,16 +49,20 @@ def wait_for(condition: Callable[[], object], timeout_s: float = 5.0, poll_s: fl
     return True
 
 
-def logprobs(model, prompt: Sequence[int], response: Sequence[int]) -> np.ndarray:
-    """The model's log-probs of `response`'s tokens after `prompt` (float32 [len(response)]), as
-    the learner scores them (learner.policy_model.response_logprobs), without a graph."""
+def logprobs(model, prompt: Sequence[int], response: Sequence[int], temperature: float = 1.0) -> np.ndarray:
+    """The model's log-probs of `response`'s tokens after `prompt` (float32 [len(response)]) at the
+    temperature they were sampled at, as the learner scores them (learner.policy_model.response_logprobs),
+    without a graph."""
     import torch
 
     from learner.policy_model import response_logprobs
 
     with torch.no_grad():
         out = response_logprobs(
-            model, torch.as_tensor(np.asarray(prompt, np.int64)), torch.as_tensor(np.asarray(response, np.int64))
+            model,
+            torch.as_tensor(np.asarray(prompt, np.int64)),
+            torch.as_tensor(np.asarray(response, np.int64)),
+            temperature,
         )
     return out.numpy().astype(np.float32)
 

@@ -79,6 +79,14 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     assert before.policy_version == 0 and len(before.token_ids) > 0
     # vLLM's behaviour log-probs and the learner's recomputation agree (platform.md: ~1e-5 nats)
     assert np.abs(logprobs(model, prompt, before.token_ids) - before.logprobs).max() < 1e-3
+    # sampled at another temperature, the log-probs are of the tempered distribution (processed log-probs),
+    # which the learner scores at the same temperature; untempered they would differ
+    tempered = client.call(
+        GenerateRequest(request_id="t", prompt_token_ids=prompt, max_tokens=12, temperature=0.6, seed=0)
+    )
+    assert tempered.temperature == 0.6 and len(tempered.token_ids) > 0
+    assert np.abs(logprobs(model, prompt, tempered.token_ids, 0.6) - tempered.logprobs).max() < 1e-3
+    assert np.abs(logprobs(model, prompt, tempered.token_ids) - tempered.logprobs).max() > 1e-2
 
     # a corrupted update is refused and changes nothing
     chunks = build_chunks(weight_tensors(model), version=7, chunk_bytes=32 << 20)

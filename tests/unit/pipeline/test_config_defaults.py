@@ -155,6 +155,7 @@ NOT_CONFIG = {
     ("actors.policy_server.engine.Completion", "temperature"),
     ("protocol.messages.TurnRecord", "temperature"),
     ("learner.samples.TurnSample", "temperature"),
+    ("learner.policy_model.response_logprobs", "temperature"),
 }
 PACKAGES = ("actors", "common", "deploy", "evaluation", "learner", "memory_service", "protocol", "replay_buffer")
 SKIP_MODULES = {"actors.policy_server.worker_ext"}  # imports vLLM at import time (runs inside the engine)
