@@ -273,7 +273,7 @@ STEP_MEANS = (
     "collapsed_group_fraction",
 )
 TIP_SAMPLES = 3  # tips quoted per run in the report
-TIP_CHARS = 300  # of each
+TIP_CHARS = (200, 100)  # of each: its start (the reflection) and its end (the step's action and the score)
 
 
 def diagnostics(run_dir: Path) -> dict:
@@ -292,12 +292,10 @@ def diagnostics(run_dir: Path) -> dict:
     if memory.exists():
         with closing(sqlite3.connect(memory)) as db:
             out["memory_entries"] = db.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
-            out["tips"] = [
-                {"score": score, "tip": tip}
-                for tip, score in db.execute(
-                    "SELECT tip, score FROM entries ORDER BY score DESC, id LIMIT ?", (TIP_SAMPLES,)
-                )
-            ]
+            # distinct tips: the store holds one entry per step of an episode, each with its reflection
+            best = "SELECT tip, MAX(score) AS best FROM entries GROUP BY tip ORDER BY best DESC, MIN(id) LIMIT ?"
+            out["distinct_tips"] = db.execute("SELECT COUNT(DISTINCT tip) FROM entries").fetchone()[0]
+            out["tips"] = [{"score": score, "tip": tip} for tip, score in db.execute(best, (TIP_SAMPLES,))]
     checkpoints = sorted((run_dir / "checkpoints").glob("step_*/model.safetensors"))
     if checkpoints:
         out["weight_change_relative"] = weight_change(Path(resolve_model(EMBEDDED_MODEL)), checkpoints[-1])
@@ -360,23 +358,30 @@ def compare_table(result: dict) -> str:
         "that showed tips; weights moved: ||theta - theta_base|| / ||theta_base|| of its last checkpoint):",
         "",
         "| run | advantage 0 | masked | clipped | approx KL | entropy | states / group | actions / group | "
-        "collapsed groups | tip rollouts | memory entries | weights moved |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "collapsed groups | tip rollouts | memory entries | distinct tips | weights moved |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run, t in result["training"].items():
         cells = [_cell(t.get(f"{key}_mean")) for key in STEP_MEANS]
-        cells += [_cell(t.get("tip_rollouts")), _cell(t.get("memory_entries")), _cell(t.get("weight_change_relative"))]
+        cells += [
+            _cell(t.get(key)) for key in ("tip_rollouts", "memory_entries", "distinct_tips", "weight_change_relative")
+        ]
         lines.append(f"| {run} | " + " | ".join(cells) + " |")
     tips = [(run, tip) for run, t in result["training"].items() for tip in t.get("tips", [])]
     if tips:
-        lines += ["", "The best-scored tips each memory held at the end (what the policy read):", ""]
-        lines += [f"- {run} (score {tip['score']:g}): {tip['tip'][:TIP_CHARS]}" for run, tip in tips]
+        lines += ["", "The best-scored distinct tips each memory held at the end (what the policy read):", ""]
+        lines += [f"- {run} (score {tip['score']:g}): {_shortened(tip['tip'])}" for run, tip in tips]
     return "\n".join(lines) + "\n"
 
 
 def _budget(design: dict) -> str:
     steps = design.get("steps")  # absent from a report written before --steps
     return f"{steps} learner steps (at most {design['budget_min']:g} min)" if steps else f"{design['budget_min']:g} min"
+
+
+def _shortened(tip: str) -> str:
+    head, tail = TIP_CHARS
+    return tip if len(tip) <= head + tail else f"{tip[:head]} … {tip[-tail:]}"
 
 
 def _cell(value) -> str:

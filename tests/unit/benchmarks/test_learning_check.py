@@ -90,7 +90,7 @@ def test_the_diagnostics_of_a_run_are_its_step_means_its_tip_rollouts_and_its_me
         )
         db.executemany(
             "INSERT INTO entries (key, tip, score) VALUES ('k', ?, ?)",
-            [("low", 0.0), ("best", 25.0), ("mid", 8.0), ("worst", -100.0)],
+            [("low", 0.0), ("best", 25.0), ("mid", 8.0), ("worst", -100.0), ("best", 25.0), ("mid", 3.0)],
         )
         db.commit()
     d = lc.diagnostics(tmp_path)
@@ -98,7 +98,8 @@ def test_the_diagnostics_of_a_run_are_its_step_means_its_tip_rollouts_and_its_me
     assert d["entropy_mean_mean"] == pytest.approx(2.0)  # the step without a value left out
     assert "clip_fraction_mean" not in d  # no step has it
     assert d["tip_rollouts"] == 3  # on_policy_tips and off_policy episodes
-    assert d["memory_entries"] == 4 and [t["tip"] for t in d["tips"]] == ["best", "mid", "low"]
+    assert d["memory_entries"] == 6 and d["distinct_tips"] == 4  # an episode's steps share its reflection
+    assert [(t["tip"], t["score"]) for t in d["tips"]] == [("best", 25.0), ("mid", 8.0), ("low", 0.0)]
     assert "weight_change_relative" not in d  # no checkpoint
     assert lc.diagnostics(tmp_path / "nothing") == {"tip_rollouts": 0}  # a run that ended before its first step
 
