@@ -60,17 +60,25 @@ class ResponseScorer(torch.nn.Module):
 @dataclass
 class Scored:
     """A token sequence and the spans of it whose tokens are scored: (start, length) each, a
-    turn's response inside its segment's chain (learner/step.py), each at the temperature it was
-    sampled at (None: all at 1)."""
+    turn's response inside its segment's chain (learner/step.py), each token at the temperature it
+    was sampled at (None: all at 1)."""
 
     tokens: np.ndarray  # int [L]
     spans: list[tuple[int, int]]
-    temperatures: list[float] | None = None  # one per span
+    temperatures: list[np.ndarray | None] | None = None  # per span: [length] float32, or None (all at 1)
+
+    @property
+    def tempered(self) -> bool:
+        return any(t is not None and bool(np.any(t != 1.0)) for t in self.temperatures or [])
 
     def inverse_temperatures(self) -> np.ndarray:
         """[ΣT] 1 / the temperature of each scored token, span after span."""
-        temps = self.temperatures or [1.0] * len(self.spans)
-        return np.concatenate([np.full(n, 1.0 / t, np.float32) for (_, n), t in zip(self.spans, temps)] or [[]])
+        temps = self.temperatures or [None] * len(self.spans)
+        parts = [
+            np.ones(n, np.float32) if t is None else 1.0 / np.asarray(t, np.float32)
+            for (_, n), t in zip(self.spans, temps)
+        ]
+        return np.concatenate(parts or [np.zeros(0, np.float32)]).astype(np.float32)
 
     def targets(self) -> np.ndarray:
         """[ΣT] the scored tokens, span after span."""
@@ -142,7 +150,7 @@ def batch_log_softmax(model, batch: list[list[Scored]]) -> torch.Tensor:
         branch[b, : len(r.tokens)] = torch.from_numpy(r.branch)
         positions[b, : len(r.tokens)] = torch.from_numpy(r.positions)
     rows = torch.from_numpy(np.concatenate([r.rows + b * width for b, r in enumerate(laid)]))
-    tempered = any(s.temperatures and any(t != 1.0 for t in s.temperatures) for seqs in batch for s in seqs)
+    tempered = any(s.tempered for seqs in batch for s in seqs)
     inverse = (
         torch.from_numpy(np.concatenate([s.inverse_temperatures() for seqs in batch for s in seqs])).to(device)
         if tempered
@@ -168,6 +176,8 @@ def response_logprobs(
     """log πθ(response_t | prompt, response_<t) for each response token of one sequence, at the
     temperature it was sampled at: [T]."""
     seq = Scored(
-        torch.cat([prompt_ids, response_ids]).cpu().numpy(), [(prompt_ids.numel(), response_ids.numel())], [temperature]
+        torch.cat([prompt_ids, response_ids]).cpu().numpy(),
+        [(prompt_ids.numel(), response_ids.numel())],
+        [np.full(response_ids.numel(), temperature, np.float32)],
     )
     return token_logprobs(batch_log_softmax(model, [[seq]]), response_ids)

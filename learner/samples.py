@@ -42,9 +42,9 @@ class TurnSample:
     # the previous sample's update prompt + response is a prefix of this one's update prompt (and so is its
     # tip-free prompt + response of this tip-free prompt): the two are scored in one sequence when packed
     continues: bool = False
-    # the temperature the response was sampled at, which it is scored at (Trajectory.temperatures;
-    # greedy's 0 is 1, as the server reports it)
-    temperature: float = 1.0
+    # float32 [T]: the temperature each response token was sampled at, which it is scored at
+    # (Trajectory.temperatures; greedy's 0 is 1, as the server reports it); None: all at 1
+    temperatures: np.ndarray | None = None
 
     @property
     def update_is_behaviour_prompt(self) -> bool:
@@ -82,10 +82,10 @@ def group_turn_advantages(
     return [a + gigpo.step_weight * s for a, s in zip(advantages, steps)]
 
 
-def scoring_temperature(sampled: float) -> float:
-    """The temperature a response is scored at: the one it was sampled at, where vLLM's processed
+def scoring_temperatures(sampled: np.ndarray) -> np.ndarray:
+    """The temperatures response tokens are scored at: those they were sampled at, where vLLM's processed
     log-probs are of logits / T; greedy sampling (T below vLLM's 1e-5) reports untempered ones."""
-    return sampled if sampled >= GREEDY_BELOW else 1.0
+    return np.where(sampled >= GREEDY_BELOW, sampled, 1.0).astype(np.float32)
 
 
 def finite_samples(samples: list[TurnSample]) -> tuple[list[TurnSample], int]:
@@ -127,7 +127,7 @@ def build_samples(
                         policy_version=int(traj.policy_versions[i]),
                         with_tips=bool(spans) and traj.mode in TIP_MODES,
                         continues=not traj.chain_starts[i],
-                        temperature=scoring_temperature(float(traj.temperatures[i])),
+                        temperatures=scoring_temperatures(traj.turn_temperatures(i)),
                     )
                 )
     return samples

@@ -264,7 +264,7 @@ def chain(samples: list[TurnSample], tipfree: bool = False) -> Scored:
     prompt = (lambda s: s.tipfree_prompt) if tipfree else (lambda s: s.update_prompt)
     last = samples[-1]
     tokens = np.concatenate([prompt(last), last.response])
-    return Scored(tokens, [(len(prompt(s)), len(s.response)) for s in samples], [s.temperature for s in samples])
+    return Scored(tokens, [(len(prompt(s)), len(s.response)) for s in samples], [s.temperatures for s in samples])
 
 
 def rows(seqs: list[Scored], budget: int, share: bool) -> tuple[list[list[int]], list[int]]:

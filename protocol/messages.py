@@ -490,10 +490,11 @@ class Trajectory(Message):
     # At the episode's end: ScienceWorld's goal progress (env.get_goal_progress(): its subgoals, each done
     # or not), at most MAX_GOAL_PROGRESS_CHARS. "": not recorded.
     goal_progress: str = ""
-    # float32 [turns]: the temperature each turn's response was sampled at; its behaviour_logprobs are of
-    # that tempered distribution, and the learner scores the turn at the same temperature
-    # (learner/policy_model.py), so the ratio compares like with like. 0 (greedy) is scored at 1, as vLLM
-    # reports it. Derived: 1.0 per turn.
+    # float32 [sum T_i], like behaviour_logprobs: the temperature each response token was sampled at (one per
+    # turn today; a method sampling parts of a response at other temperatures records them token by token);
+    # its behaviour log-prob is of that tempered distribution, and the learner scores it at the same
+    # temperature (learner/policy_model.py), so the ratio compares like with like. 0 (greedy) is scored at 1,
+    # as vLLM reports it. Derived: 1.0 per token.
     temperatures: np.ndarray | None = None
 
     def __post_init__(self) -> None:
@@ -512,7 +513,7 @@ class Trajectory(Message):
         if self.inventories is None:
             self.inventories = [""] * self.num_turns
         if self.temperatures is None:
-            self.temperatures = np.ones(self.num_turns, np.float32)
+            self.temperatures = np.ones(self.response_token_ids.size, np.float32)
 
     @property
     def num_turns(self) -> int:
@@ -551,7 +552,7 @@ class Trajectory(Message):
             chain_starts=np.asarray([t.chain_start for t in turns], np.uint8),
             locations=[t.location for t in turns],
             inventories=[t.inventory for t in turns],
-            temperatures=np.asarray([t.temperature for t in turns], np.float32),
+            temperatures=packed([np.full(len(t.response_ids), t.temperature) for t in turns], np.float32)[0],
         )
 
     def validate(self) -> None:
@@ -597,7 +598,10 @@ class Trajectory(Message):
         _check(self.success == is_success(self.done, self.score), "success must be done and score > SUCCESS_SCORE")
         _check(len(self.locations) == n and len(self.inventories) == n, "locations and inventories: one per turn")
         temps = self.temperatures
-        _check(temps.dtype == np.float32 and temps.shape == (n,), "temperatures must be float32, one per turn")
+        _check(
+            temps.dtype == np.float32 and temps.shape == self.response_token_ids.shape,
+            "temperatures must be float32, one per response token",
+        )
         _check(
             bool(np.all((temps >= 0) & (temps <= MAX_TEMPERATURE))), f"temperatures must be in [0, {MAX_TEMPERATURE}]"
         )
@@ -651,6 +655,9 @@ class Trajectory(Message):
 
     def turn_behaviour_logprobs(self, i: int) -> np.ndarray:
         return self.behaviour_logprobs[self.response_offsets[i] : self.response_offsets[i + 1]]
+
+    def turn_temperatures(self, i: int) -> np.ndarray:
+        return self.temperatures[self.response_offsets[i] : self.response_offsets[i + 1]]
 
     def turn_tip_spans(self, i: int) -> list[tuple[int, int]]:
         return [(s, e) for t, s, e in self.tip_spans.tolist() if t == i]

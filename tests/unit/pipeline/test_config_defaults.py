@@ -154,7 +154,6 @@ NOT_CONFIG = {
     ("protocol.messages.GenerateResponse", "temperature"),
     ("actors.policy_server.engine.Completion", "temperature"),
     ("protocol.messages.TurnRecord", "temperature"),
-    ("learner.samples.TurnSample", "temperature"),
     ("learner.policy_model.response_logprobs", "temperature"),
 }
 PACKAGES = ("actors", "common", "deploy", "evaluation", "learner", "memory_service", "protocol", "replay_buffer")
