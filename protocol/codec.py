@@ -178,8 +178,6 @@ def _from_wire(tp: Any, value: Any, buffers: list[memoryview], used: set[int], p
             return None
         (inner,) = [o for o in options if o is not type(None)]
         return _from_wire(inner, value, buffers, used, path)
-    if tp is np.ndarray:
-        return _array_from_wire(value, buffers, used, path)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ProtocolError("schema", f"{path}: expected a map for {tp.__name__}")
@@ -205,18 +203,6 @@ def _from_wire(tp: Any, value: Any, buffers: list[memoryview], used: set[int], p
         if not isinstance(value, dict) or not all(isinstance(k, key_t) for k in value):
             raise ProtocolError("schema", f"{path}: expected a map of {key_t.__name__} keys")
         return {k: _from_wire(val_t, v, buffers, used, f"{path}[{k}]") for k, v in value.items()}
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ProtocolError("schema", f"{path}: expected a number")
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ProtocolError("schema", f"{path}: expected an integer")
-        return value
-    if tp in (str, bool):
-        if not isinstance(value, tp):
-            raise ProtocolError("schema", f"{path}: expected {tp.__name__}")
-        return value
     raise TypeError(f"unsupported field type {tp!r} at {path}")  # a bug in a message class
 
 
