@@ -23,7 +23,7 @@ from tests.helpers import REPO
 
 pytestmark = pytest.mark.e2e
 BASE = 38100  # metrics.base_port: server 38100, buffer 38200, memory 38201, launcher 38202, learner 38300, ...
-TOTAL_STEPS = 5  # 3 before the kill; the 5th needs episodes the restarted server plays (one group is ready at most)
+TOTAL_STEPS = 6  # 3 before the kill; up to two complete groups may wait then, so the 6th needs the restarted server
 OVERRIDES = [
     "profile=e2e",
     "endpoints.policy_servers=[tcp://127.0.0.1:38550]",
