@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 
 from common.config import at_least, check, positive, scienceworld_tasks, within
 
+# the policy servers an evaluation or a test-time adaptation starts serve fixed weights: they do not
+# wait for the newest version of the training run whose directory they share (protocol/newest_version.py)
+FIXED_WEIGHTS = ["policy_server.await_newest_version=false"]
+
 
 @dataclass
 class TestTimeAdaptationConfig:

@@ -48,6 +48,7 @@ from common.metrics import METRICS_LOG
 from common.model_prep import resolve_model
 from common.process import interrupt_on_sigterm
 from deploy.launch import Launcher
+from evaluation.config import FIXED_WEIGHTS
 from evaluation.stats import bootstrap_ci, pass_at_k
 from pipeline.config import PipelineConfig, run_facts
 from pipeline.roles import run_roles
@@ -366,7 +367,7 @@ def run(cfg: PipelineConfig, overrides: list[str]) -> dict:
     play_cfg = eval_config(cfg, policy)
     roles = [] if cfg.eval.reuse_servers else [r for r in run_roles(cfg) if r[0].startswith("policy_server")]
     serve = [] if policy.label == "base" else [f"model.name={policy.model}"]
-    launcher = Launcher(cfg, [*overrides, *serve, f"run_dir={cfg.run_dir}"], roles=roles)
+    launcher = Launcher(cfg, [*overrides, *serve, *FIXED_WEIGHTS, f"run_dir={cfg.run_dir}"], roles=roles)
     launcher.log_dir = out / "logs"
     with ExitStack() as cleanup:
         cleanup.callback(launcher.stop)  # registered first, so it runs last and also after a partial start

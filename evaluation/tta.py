@@ -33,6 +33,7 @@ from common.model_prep import resolve_model
 from common.process import exit_on_sigterm
 from deploy.launch import Launcher
 from deploy.monitor import scrape, total
+from evaluation.config import FIXED_WEIGHTS
 from pipeline.config import PipelineConfig, run_facts
 from pipeline.roles import RoleSpec, run_roles
 from protocol.messages import ON_POLICY_TIPS, Assignment
@@ -160,7 +161,7 @@ def format_table(results: list[TaskResult]) -> str:
 
 
 def run(cfg: PipelineConfig, overrides: list[str]) -> list[TaskResult]:
-    launcher = Launcher(cfg, overrides, roles=tta_roles(cfg))
+    launcher = Launcher(cfg, [*overrides, *FIXED_WEIGHTS], roles=tta_roles(cfg))
     with ExitStack() as cleanup:
         cleanup.callback(launcher.stop)  # registered first, so it runs last and also after a partial start
         launcher.start()

@@ -39,6 +39,9 @@ class PolicyServerConfig:
     tensor_parallel_size: int = 1  # >1 needs as many GPUs (vLLM's native tensor parallelism)
     enforce_eager: bool = True  # CUDA graphs cost start-up time; worth it only on long GPU runs
     on_update: OnUpdate = OnUpdate.finish  # requests in flight at a weight update: finish | abort
+    # a server of a training run serves no generation until it holds the run's newest weights
+    # (protocol/newest_version.py); a server of fixed weights (empo2-eval, test-time adaptation) sets false
+    await_newest_version: bool = True
     weight_staging_dir: str = "/dev/shm"  # where received weights are staged for the engine
     allowed_weight_dirs: list[str] = field(default_factory=lambda: ["/dev/shm"])  # WeightFile paths must lie here
     max_weight_message_bytes: int = 1 << 30  # size limit of one WeightChunk message

@@ -117,10 +117,11 @@ class PolicyServer:
         self.engine = await asyncio.to_thread(
             PolicyEngine, model_path, self.scfg, self.run_facts.seed + self.index, self.weight_sync.method
         )
-        newest = read_newest_version(self.run_facts.run_dir)
-        if newest > self.engine.version:
-            self.awaiting_version = newest
-            log.info("the run is at policy version %d: no generation until the learner pushes it here", newest)
+        self.awaiting_version = self.version_to_await()
+        if self.awaiting_version:
+            log.info(
+                "the run is at policy version %d: no generation until the learner pushes it here", self.awaiting_version
+            )
         self.metrics.ready.set(1)
         self.metrics.policy_version.set(self.engine.version)
         log.info("engine ready in %.1fs, loaded policy version %d", time.time() - t0, self.engine.version)
@@ -129,6 +130,14 @@ class PolicyServer:
             await recv_loop
         finally:
             heartbeat.cancel()
+
+    def version_to_await(self) -> int:
+        """The run's newest version if it is ahead of the engine's weights and this server waits for
+        it (policy_server.await_newest_version: a training run's server); else 0."""
+        if not self.scfg.await_newest_version:
+            return 0
+        newest = read_newest_version(self.run_facts.run_dir)
+        return newest if newest > self.engine.version else 0
 
     async def _heartbeat(self) -> None:
         """Beat while idle; with work in the engine only its completions beat (_engine_work)."""

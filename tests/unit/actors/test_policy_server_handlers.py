@@ -147,7 +147,8 @@ def test_a_server_started_into_a_run_serves_nothing_until_the_newest_weights_arr
     async def scenario() -> list:
         server = PolicyServer(**given("empo2-policy-server", load_config([f"run_dir={tmp_path}"])))
         server.engine, sent = _ReadyEngine(), []
-        server.awaiting_version = 4  # as run() sets it from the run's file, once the engine is up
+        server.awaiting_version = server.version_to_await()  # as run() does once the engine is up
+        assert server.awaiting_version == 4
 
         async def send(identity, msg):
             sent.append(msg)
@@ -169,3 +170,17 @@ def test_a_server_started_into_a_run_serves_nothing_until_the_newest_weights_arr
     assert waiting == Pong(role="policy_server", policy_version=0, ready=True, awaiting_version=4)
     assert ack.applied and answer.policy_version == 4
     assert served == Pong(role="policy_server", policy_version=4, ready=True, awaiting_version=0)
+
+
+def test_a_server_of_fixed_weights_does_not_wait_for_the_runs_newest_version(tmp_path):
+    """empo2-eval and test-time adaptation start servers in a training run's directory to serve a
+    checkpoint or the base model: they never wait for a version no learner will push
+    (evaluation/config.py, FIXED_WEIGHTS)."""
+    from evaluation.config import FIXED_WEIGHTS
+    from protocol.newest_version import publish_newest_version
+
+    publish_newest_version(tmp_path, 8)
+    for overrides, awaited in (([], 8), (FIXED_WEIGHTS, 0)):
+        server = PolicyServer(**given("empo2-policy-server", load_config([f"run_dir={tmp_path}", *overrides])))
+        server.engine = _ReadyEngine()
+        assert server.version_to_await() == awaited
