@@ -166,3 +166,34 @@ def _already_closed() -> None:
 def _facts(info: dict) -> tuple[str, str]:
     """(location, inventory) of a step's info."""
     return room_of(info["look"]), info["inv"].strip()
+
+
+@dataclass(frozen=True)
+class Subgoal:
+    """One line of ScienceWorld's goal progress (ScienceWorldEnv.get_goal_progress()): the task's
+    score is built from these. `sequential`: of the ordered subgoals (each needs the ones before),
+    else of the unordered and optional ones."""
+
+    sequential: bool
+    index: int
+    passed: bool
+    name: str  # the goal's class in ScienceWorld, e.g. GoalFocusOnLivingThing
+    description: str  # e.g. "focus on a living thing"
+
+
+_SUBGOAL_LINE = re.compile(r"^(\d+)\t(true|false)\t\s*(\S+)\t(.*)$")
+
+
+def parse_goal_progress(text: str) -> list[Subgoal]:
+    """The subgoals of a goal-progress table, in order; [] for "" (not recorded). A line that is not a
+    subgoal (the separators, headers, "Completed keys:") is skipped."""
+    subgoals, sequential = [], True
+    for line in text.splitlines():
+        if line.startswith("Sequential Subgoals"):
+            sequential = True
+        elif line.startswith("Unordered and Optional Subgoals"):
+            sequential = False
+        elif match := _SUBGOAL_LINE.match(line):
+            index, passed, name, description = match.groups()
+            subgoals.append(Subgoal(sequential, int(index), passed == "true", name, description.strip()))
+    return subgoals

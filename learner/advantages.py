@@ -105,3 +105,9 @@ def anchor_step_advantages(
         for (i, t), a in zip(positions, scaled):
             advantages[i][t] = a
     return advantages
+
+
+def improvement_bonus(score: float, guided_score: float, alpha: float) -> float:
+    """HeRL's "potential for improvement": a revised candidate's reward moves by α (herl.alpha, 0.05)
+    of the gap to its guided revision's score, up or down: r' = r + α (r_guided − r)."""
+    return score + alpha * (guided_score - score)

@@ -124,3 +124,16 @@ def low_probability_mask(logp_min: float, subject: bool, threshold: float | None
     if threshold is None or not subject:
         return True
     return logp_min >= threshold
+
+
+def hindsight_policy_loss(
+    logp: torch.Tensor,  # [N] log πθ of hindsight (guided) tokens, with grad
+    old_logp: torch.Tensor,  # [N] log πold recomputed on the prompt they are trained on (no grad)
+    advantages: torch.Tensor,  # [N]
+    gamma: float,  # herl.gamma: 1 (their instruction-following runs) or 0.1
+) -> torch.Tensor:
+    """HeRL's loss on hindsight tokens (sikelifei/HeRL): L_t = −A · w_t, w_t = ρ_t / (ρ_t + γ),
+    ρ_t = πθ/πold, never clipped. Its gradient is −A · ργ/(ρ+γ)² · ∇log πθ: a quarter of an ordinary
+    token's at ρ = 1, γ = 1, and it fades as ρ grows instead of being cut off."""
+    ratio = torch.exp(logp - old_logp)
+    return -advantages * ratio / (ratio + gamma)
