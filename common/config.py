@@ -273,3 +273,35 @@ def run_path(run_dir: str, *parts: str) -> Path:
     path = Path(run_dir).joinpath(*parts)
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
+
+
+class TrainContext(Choice):
+    """What a HeRL revision is trained on (herl.train_context)."""
+
+    guided = "guided"  # the prompt it was played with, the guidance in it (the reference's scripts)
+    stripped = "stripped"  # the guidance removed, as EMPO2 removes tips off-policy
+
+
+@dataclass
+class HerlConfig:
+    """HeRL (Hindsight experience guided RL, arXiv 2603.20046; its released code, sikelifei/HeRL): a
+    complete group none of whose members solved the task is held while its tied-best members are
+    replayed with guidance (what they achieved and missed: ScienceWorld's subgoals), the best revision
+    takes one slot, and each revised member's reward moves towards its revision's
+    (replay_buffer/hindsight.py); the learner trains the revision's tokens as hindsight tokens
+    (learner/loss.py). The replay buffer and the learner read this section."""
+
+    enabled: bool = False  # preset=herl / empo2_herl
+    max_candidates: int = 16  # revisions per group at most (the reference's 16)
+    alpha: float = 0.05  # the improvement bonus: r' = r + alpha (r_guided - r)
+    gamma: float = 1.0  # hindsight tokens: w = rho / (rho + gamma), unclipped (1: their instruction-following runs)
+    temperature: float = 0.3  # the guided episodes' sampling temperature (the reference's)
+    train_context: TrainContext = TrainContext.guided
+    guided_timeout_s: float = 1800.0  # a group waits this long for its revisions, then goes on without them
+
+    def validate(self) -> None:
+        at_least("max_candidates", self.max_candidates, 1)
+        within("alpha", self.alpha, 0.0, 1.0)
+        positive("gamma", self.gamma)
+        within("temperature", self.temperature, 0.0, 10.0)
+        positive("guided_timeout_s", self.guided_timeout_s)

@@ -28,6 +28,7 @@ from common.config import (
     ConfigError,
     EndpointsConfig,
     EnvConfig,
+    HerlConfig,
     MetricsConfig,
     ModelConfig,
     PipelineModeConfig,
@@ -66,6 +67,7 @@ class PipelineConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     pipeline: PipelineModeConfig = field(default_factory=PipelineModeConfig)
+    herl: HerlConfig = field(default_factory=HerlConfig)
 
     def run_path(self, *parts: str) -> Path:
         return run_path(self.run_dir, *parts)

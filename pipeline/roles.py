@@ -62,7 +62,7 @@ _ROLES = (
     Role(
         "empo2-replay-buffer",
         "replay_buffer.service",
-        sections=("replay_buffer", "env"),
+        sections=("replay_buffer", "env", "herl"),
         metrics="replay_buffer",
         learner_token=True,
     ),

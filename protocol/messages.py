@@ -22,6 +22,12 @@ ON_POLICY_TIPS = "on_policy_tips"  # rollout with tips, update with the same tip
 OFF_POLICY = "off_policy"  # rollout with tips, update with tips removed from the prompt
 MODES = (ON_POLICY, ON_POLICY_TIPS, OFF_POLICY)
 TIP_MODES = (ON_POLICY_TIPS, OFF_POLICY)  # the rollouts that retrieve tips and show them
+# HeRL (replay_buffer/hindsight.py): a revision of a member of a failed group, replayed with guidance in
+# the prompt (its span recorded among the trajectory's tip spans: in-context help, removed at update
+# time when herl.train_context=stripped); never drawn as a group's mode
+GUIDED = "guided"
+EPISODE_MODES = (*MODES, GUIDED)  # every mode an episode is played in
+MAX_GUIDANCE_CHARS = 4096
 
 # An episode is a success when the environment ended it (done) with a score above this: the reference
 # wrapper's definition (empo2.md, "Reference experimental setup").
@@ -384,12 +390,23 @@ class Assignment(Message):
     slot: int  # 0 .. G-1 within the group
     task: str  # ScienceWorld task name
     variation: int
-    mode: str  # one of MODES
+    mode: str  # one of EPISODE_MODES
     seed: int  # sampling seed base for this rollout
+    # GUIDED: what the revised member achieved and missed (replay_buffer/hindsight.py), shown in the prompt
+    guidance: str = ""
+    # the rollout's sampling temperature; None: the actor's env_actor.temperature (HeRL's guided
+    # episodes: herl.temperature)
+    temperature: float | None = None
 
     def validate(self) -> None:
-        _check(self.mode in MODES, f"unknown mode {self.mode!r}")
+        _check(self.mode in EPISODE_MODES, f"unknown mode {self.mode!r}")
         _check(self.slot >= 0 and self.variation >= 0, "negative slot or variation")
+        _check(bool(self.guidance) == (self.mode == GUIDED), "guidance is given with a guided assignment only")
+        _check(len(self.guidance) <= MAX_GUIDANCE_CHARS, f"guidance longer than {MAX_GUIDANCE_CHARS} characters")
+        _check(
+            self.temperature is None or 0.0 <= self.temperature <= MAX_TEMPERATURE,
+            f"temperature out of [0, {MAX_TEMPERATURE}]",
+        )
 
 
 @register
@@ -496,6 +513,12 @@ class Trajectory(Message):
     # temperature (learner/policy_model.py), so the ratio compares like with like. 0 (greedy) is scored at 1,
     # as vLLM reports it. Derived: 1.0 per token.
     temperatures: np.ndarray | None = None
+    # HeRL, set by the replay buffer when it closes a guided group (replay_buffer/hindsight.py), never by
+    # an actor (its door refuses them): `hindsight`, this guided episode took a slot of its group and its
+    # tokens train as hindsight tokens; `score_bonus`, this member's reward moves by α (r_guided − r),
+    # the "potential for improvement" of its revision
+    hindsight: bool = False
+    score_bonus: float = 0.0
 
     def __post_init__(self) -> None:
         if self.phase_seconds is None:
@@ -558,8 +581,10 @@ class Trajectory(Message):
     def validate(self) -> None:
         """Everything the learner's sample building assumes (learner/samples.py): a message that
         passes cannot raise there or put a non-finite value into the loss."""
-        _check(self.mode in MODES, f"unknown mode {self.mode!r}")
+        _check(self.mode in EPISODE_MODES, f"unknown mode {self.mode!r}")
         _check(_short(self.episode_id, self.group_id, self.actor_id, self.task), "an id or the task is too long")
+        _check(not self.hindsight or self.mode == GUIDED, "only a guided episode trains as hindsight")
+        _check(abs(self.score_bonus) <= SCORE_MAX - SCORE_MIN, "score_bonus must be finite and within the score range")
         _check(self.slot >= 0 and self.variation >= 0, "negative slot or variation")
         _finite_score(self.score)
         for name in ("prompt_token_ids", "response_token_ids", "policy_versions", "num_memories"):

@@ -6,20 +6,32 @@ process wrapper (replay_buffer/service.py) owns the socket and the metrics.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
+import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 
+from common.config import HerlConfig
 from protocol import ProtocolError, decode
 from protocol.codec import pack_frames, unpack_frames
-from protocol.messages import BATCH_ENVELOPE_BYTES, OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Assignment, Trajectory
+from protocol.messages import (
+    BATCH_ENVELOPE_BYTES,
+    GUIDED,
+    OFF_POLICY,
+    ON_POLICY,
+    ON_POLICY_TIPS,
+    Assignment,
+    Trajectory,
+)
 from protocol.records import RECORD_MAGIC, Scan, frame_record, scan
 from replay_buffer.config import Durability, ReplayBufferConfig
+from replay_buffer.hindsight import guidance_text, hindsight_candidates, insertion
 
 log = logging.getLogger("replay_buffer")
 
@@ -47,10 +59,21 @@ class Group:
     # Rebuilt from the log after a restart: its leases were not logged, so a free slot of it is
     # accepted without one (the group id itself was handed out by this buffer before the restart).
     from_log: bool = False
+    # HeRL (replay_buffer/hindsight.py): once complete and unsolved, the guided slots (size, size+1, ...)
+    # each replaying one tied-best member (guided slot -> that member's slot) with its guidance
+    guided: dict[int, int] = field(default_factory=dict)
+    guidance: dict[int, str] = field(default_factory=dict)  # guided slot -> its guidance text
+    revisions: dict[int, Trajectory] = field(default_factory=dict)  # guided slot -> the guided episode
+    guided_since: float = 0.0  # when its guided slots were opened
 
     @property
     def complete(self) -> bool:
         return len(self.trajectories) == self.size
+
+    def free_slots(self) -> list[int]:
+        """Slots still to play: the members', then the guided ones."""
+        members = [s for s in range(self.size) if s not in self.trajectories]
+        return members + [s for s in self.guided if s not in self.revisions]
 
     @property
     def oldest_version(self) -> int:
@@ -61,7 +84,12 @@ class ReplayBuffer:
     """The buffer's logic: no sockets, no files (the log is replayed through add/mark_served)."""
 
     def __init__(
-        self, cfg: ReplayBufferConfig, variations: dict[str, list[int]], seed: int, sync_groups: int = 0
+        self,
+        cfg: ReplayBufferConfig,
+        variations: dict[str, list[int]],
+        seed: int,
+        sync_groups: int = 0,
+        herl: HerlConfig | None = None,
     ):  # seed: the run's
         """sync_groups > 0: the synchronous baseline (pipeline.mode=sync, sync_groups = the learner's
         groups_per_step): one batch of groups per policy version (a round), the next round opened by
@@ -81,15 +109,16 @@ class ReplayBuffer:
         self.in_flight: dict[str, BatchInFlight] = {}  # batch id -> served, not yet confirmed
         self.served: set[str] = set()  # groups confirmed by the learner (or dropped as stale)
         self.episode_ids: set[str] = set()
+        self.herl = herl if herl is not None and herl.enabled else None
+        self.hindsight = HindsightCounts()
 
     def assign(self, now: float) -> tuple[Assignment | None, bool]:
         """Next slot to play, oldest group first; (None, False) when max_open_groups are all
         handed out or max_ready_groups wait for the learner (backpressure). The flag says the
         slot is a re-issue of an expired lease."""
+        self.expire_guidance(now)
         for group in self.open.values():
-            for slot in range(group.size):
-                if slot in group.trajectories:
-                    continue
+            for slot in group.free_slots():
                 leased = group.leases.get(slot)
                 if leased is None or now - leased > self.cfg.assignment_timeout_s:
                     group.leases[slot] = now
@@ -116,7 +145,11 @@ class ReplayBuffer:
         return group.leases.pop(slot, None) is not None
 
     def _assignment(self, group: Group, slot: int) -> Assignment:
-        return Assignment(group.group_id, slot, group.task, group.variation, group.mode, self.rng.randrange(SEED_RANGE))
+        seed = self.rng.randrange(SEED_RANGE)
+        if slot in group.guided:
+            guidance, temperature = group.guidance[slot], self.herl.temperature
+            return Assignment(group.group_id, slot, group.task, group.variation, GUIDED, seed, guidance, temperature)
+        return Assignment(group.group_id, slot, group.task, group.variation, group.mode, seed)
 
     def add(self, traj: Trajectory, nbytes: int = 0) -> bool:
         """Accept a trajectory (`nbytes`: its encoded size, for packing batches); False if it is
@@ -125,10 +158,21 @@ class ReplayBuffer:
             traj.episode_id in self.episode_ids
             or traj.group_id in self.served
             or any(traj.group_id in b.group_ids for b in self.in_flight.values())
-            or not 0 <= traj.slot < self.cfg.group_size
         ):
             return False
         group = self.open.get(traj.group_id)
+        if traj.mode == GUIDED:  # a revision: its group is open and guiding (a replayed log rebuilt it so)
+            if group is None or traj.slot not in group.guided or traj.slot in group.revisions:
+                return False
+            group.revisions[traj.slot] = traj
+            group.sizes[traj.slot] = nbytes
+            group.leases.pop(traj.slot, None)
+            self.episode_ids.add(traj.episode_id)
+            if len(group.revisions) == len(group.guided):
+                self._close(group)
+            return True
+        if not 0 <= traj.slot < self.cfg.group_size:
+            return False
         if group is None:  # unknown group: a replayed log, or a buffer restarted mid-group
             group = Group(traj.group_id, traj.task, traj.variation, traj.mode, self.cfg.group_size, from_log=True)
             self.open[traj.group_id] = group
@@ -139,8 +183,59 @@ class ReplayBuffer:
         group.leases.pop(traj.slot, None)
         self.episode_ids.add(traj.episode_id)
         if group.complete:
-            self.ready[group.group_id] = self.open.pop(group.group_id)
+            self._guide_or_close(group, time.time())  # the clock assign() is given
         return True
+
+    def _guide_or_close(self, group: Group, now: float) -> None:
+        """A group whose members are all in: HeRL opens its guided slots when none solved the task,
+        else (or without HeRL) it is ready for the learner."""
+        members = [group.trajectories[s] for s in range(group.size)]
+        candidates = hindsight_candidates([t.score for t in members], self.herl.max_candidates) if self.herl else []
+        if not candidates:
+            self.ready[group.group_id] = self.open.pop(group.group_id)
+            return
+        for k, member in enumerate(candidates):
+            slot = group.size + k
+            group.guided[slot] = member
+            group.guidance[slot] = guidance_text(members[member])
+        group.guided_since = now
+        self.hindsight.groups_guided += 1
+        self.hindsight.guided_episodes += len(candidates)
+
+    def _close(self, group: Group) -> None:
+        """The group with its revisions in (or timed out): insertion and bonus, then ready."""
+        members = [group.trajectories[s] for s in range(group.size)]
+        scores = [t.score for t in members]
+        revised = sorted(group.revisions)  # guided slots whose episode arrived
+        rng = random.Random(group.group_id)  # the same choice when a restarted buffer replays its log
+        chosen = insertion(scores, [group.revisions[g].score for g in revised], rng)
+        for g in revised:
+            member, revision = group.guided[g], group.revisions[g]
+            bonus = self.herl.alpha * (revision.score - scores[member])
+            members[member] = dataclasses.replace(members[member], score_bonus=bonus)
+            self.hindsight.bonus_paid += bonus
+        if chosen.revision is not None:
+            revision = group.revisions[revised[chosen.revision]]
+            members[chosen.slot] = dataclasses.replace(revision, slot=chosen.slot, hindsight=True)
+            group.sizes[chosen.slot] = group.sizes[revised[chosen.revision]]
+            self.hindsight.revisions_inserted += 1
+            self.hindsight.revisions_beating_best += int(revision.score > max(scores))
+        else:  # no revision as good as the best original: a copy of it takes the slot, not as hindsight
+            best = scores.index(max(scores))
+            members[chosen.slot] = dataclasses.replace(
+                members[best], slot=chosen.slot, episode_id=f"{members[best].episode_id}-copy"
+            )
+            group.sizes[chosen.slot] = group.sizes[best]
+        group.trajectories = dict(enumerate(members))
+        self.ready[group.group_id] = self.open.pop(group.group_id)
+
+    def expire_guidance(self, now: float) -> None:
+        """Guiding groups past herl.guided_timeout_s go on with the revisions they have."""
+        if not self.herl:
+            return
+        for group in [g for g in self.open.values() if g.guided and now - g.guided_since > self.herl.guided_timeout_s]:
+            self.hindsight.guided_timeouts += len(group.guided) - len(group.revisions)
+            self._close(group)
 
     def start_round(self, learner_version: int) -> None:
         """sync: the learner asks for a batch at `learner_version`; past the round's version (its step
@@ -212,19 +307,24 @@ class ReplayBuffer:
         if group is None:
             served = traj.group_id in self.served or traj.group_id in self.ready
             refuse("no_lease", "its group is complete or served" if served else "its group was never handed out")
-        if not 0 <= traj.slot < group.size:
+        if traj.hindsight or traj.score_bonus:
+            refuse("invalid", "hindsight and score_bonus are the buffer's to set")
+        guided = traj.slot in group.guided
+        if not (0 <= traj.slot < group.size or guided):
             refuse("no_lease", f"slot {traj.slot} is not in a group of {group.size}")
-        if (traj.task, traj.variation, traj.mode) != (group.task, group.variation, group.mode):
-            refuse("wrong_group", f"task, variation or mode differ from its group's ({group.mode})")
-        if traj.slot in group.trajectories:
+        mode = GUIDED if guided else group.mode
+        if (traj.task, traj.variation, traj.mode) != (group.task, group.variation, mode):
+            refuse("wrong_group", f"task, variation or mode differ from its slot's ({mode})")
+        if traj.slot in group.trajectories or traj.slot in group.revisions:
             refuse("slot_filled", f"slot {traj.slot} already holds another episode")
         if traj.slot not in group.leases and not group.from_log:
             refuse("no_lease", f"slot {traj.slot} was not handed out")
 
     def held_bytes(self) -> int:
         """Bytes of the trajectories held unserved (open and ready groups): security.max_held_trajectory_bytes."""
-        groups = chain(self.open.values(), self.ready.values())
-        return sum(trajectory_bytes(t) for g in groups for t in g.trajectories.values())
+        groups = list(chain(self.open.values(), self.ready.values()))
+        held = chain.from_iterable(chain(g.trajectories.values(), g.revisions.values()) for g in groups)
+        return sum(trajectory_bytes(t) for t in held)
 
 
 def trajectory_bytes(traj: Trajectory) -> int:
@@ -234,6 +334,20 @@ def trajectory_bytes(traj: Trajectory) -> int:
     texts = chain(traj.observations, traj.actions, traj.generated_texts, traj.locations, traj.inventories)
     texts = chain(texts, (traj.start_inventory, traj.goal_progress))
     return sum(a.nbytes for a in arrays) + sum(len(t) for t in texts)
+
+
+@dataclass
+class HindsightCounts:
+    """HeRL's counts since start (the service exports them): groups held for revisions, guided episodes
+    handed out, revisions that took a slot and those that beat their group's best original, the
+    bonus paid in all, guided episodes given up at herl.guided_timeout_s."""
+
+    groups_guided: int = 0
+    guided_episodes: int = 0
+    revisions_inserted: int = 0
+    revisions_beating_best: int = 0
+    bonus_paid: float = 0.0
+    guided_timeouts: int = 0
 
 
 @dataclass

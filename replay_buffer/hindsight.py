@@ -15,7 +15,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from common.scienceworld import parse_goal_progress
+from protocol.messages import MAX_GUIDANCE_CHARS, Trajectory
+
 TOP_SCORE = 100.0
+GUIDANCE_ACTIONS_SHOWN = 10  # the failed attempt's last actions quoted in its guidance
 
 
 def hindsight_candidates(scores: list[float], max_candidates: int) -> list[int]:
@@ -42,3 +46,22 @@ def insertion(scores: list[float], revision_scores: list[float], rng: random.Ran
         if chosen:
             return Insertion(slot, max(chosen, key=lambda i: revision_scores[i]), True)
     return Insertion(slot, None, False)
+
+
+def guidance_text(attempt: Trajectory) -> str:
+    """What a revision of `attempt` is shown (Assignment.guidance; the actor adds the task
+    description, whose object the generic subgoal descriptions leave out): the subgoals it satisfied
+    and the ones it did not (its goal progress at the end), and its last actions. Never the
+    variation's gold path: that would be imitation, not hindsight."""
+    subgoals = parse_goal_progress(attempt.goal_progress)
+    met = [s.description for s in subgoals if s.passed]
+    unmet = [s.description for s in subgoals if not s.passed]
+    shown = attempt.actions[-GUIDANCE_ACTIONS_SHOWN:]
+    lines = [
+        f"An earlier attempt scored {attempt.score:g}.",
+        "It achieved: " + ("; ".join(met) if met else "none of the subgoals"),
+        "It missed: " + ("; ".join(unmet) if unmet else "no recorded subgoal"),
+        f"Its last {len(shown)} actions: " + ", ".join(shown),
+        "Keep what it achieved and do what it missed.",
+    ]
+    return "\n".join(lines)[:MAX_GUIDANCE_CHARS]

@@ -35,8 +35,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from common.scienceworld import Subgoal
-
 INSTRUCTIONS = (
     "You are an agent in ScienceWorld, a text-based science laboratory. Complete the task by issuing "
     "one action per turn. Answer with the action only."
@@ -49,27 +47,13 @@ def format_tip_block(tips: list[str]) -> str:
     return f"\n<tip>{TIP_HEADER}\n{lines}\n</tip>"
 
 
-GUIDANCE_HEADER = "An earlier attempt at this task fell short. What it achieved and what it missed:"
-GUIDANCE_ACTIONS_SHOWN = 10  # the failed attempt's last actions quoted in the guidance
+GUIDANCE_HEADER = "Guidance from an earlier attempt at this task:"
 
 
-def format_guidance_block(task_description: str, subgoals: list[Subgoal], actions: list[str]) -> str:
-    """HeRL's guidance for a revision (replayed as a guided episode): the subgoals the failed attempt
-    satisfied and the ones it did not (ScienceWorld's goal progress), with the task description, whose
-    object the generic subgoal descriptions leave out, and the attempt's last actions; keep what was
-    satisfied, fix what was not. Never the variation's gold path (that would be imitation)."""
-    met = [s.description for s in subgoals if s.passed]
-    unmet = [s.description for s in subgoals if not s.passed]
-    shown = actions[-GUIDANCE_ACTIONS_SHOWN:]
-    lines = [
-        GUIDANCE_HEADER,
-        f"Task: {task_description}",
-        "Achieved: " + ("; ".join(met) if met else "nothing yet"),
-        "Still to do: " + ("; ".join(unmet) if unmet else "nothing"),
-        f"Its last {len(shown)} actions: " + ", ".join(shown) if shown else "It took no action.",
-        "Keep what it achieved and do what it missed.",
-    ]
-    return "\n<guidance>" + "\n".join(lines) + "\n</guidance>"
+def format_guidance_block(task_description: str, guidance: str) -> str:
+    """HeRL's guidance block (Assignment.guidance: what the revised attempt achieved and missed) with
+    the task description, for a guided episode's prompt; recorded as an in-context span like tips."""
+    return f"\n<guidance>{GUIDANCE_HEADER}\nTask: {task_description}\n{guidance}\n</guidance>"
 
 
 @dataclass
