@@ -136,7 +136,7 @@ class EpisodeRunner:
         demo, templates = self.prompt_parts(a.task, a.variation)
         result = self.env.reset(a.task, a.variation)
         start_inventory = result.inventory
-        chat = self.prompts.chat(TaskContext(self.env.task_description, demo, templates))
+        chat = self.prompts.chat(TaskContext(self.env.task_description, demo, templates, a.guidance))
         turns: list[Turn] = []
         note = ""  # the user turn's word on the action executed at the turn before, when it was mapped
         for t in range(self.step_limit(a.task)):

@@ -73,6 +73,9 @@ class TaskContext:
     task: str  # the env's task description of the variation played
     demonstration: Demonstration | None = None
     action_templates: list[str] = field(default_factory=list)  # ScienceWorld.action_templates()
+    # HeRL's guided episode (Assignment.guidance): a block at the end of the system part, recorded as an
+    # in-context span of every turn like a tip block (removed at update time under herl.train_context=stripped)
+    guidance: str = ""
 
 
 @dataclass
@@ -183,8 +186,13 @@ class PromptBuilder:
         """The prompt: the system part, the `shown` past turns (`dropped` earlier ones not shown), the
         current user turn and the generation prompt, piece by piece."""
         t = self.template
-        ids = self._encode(t.system_open + system_message(ctx) + t.system_end)
+        ids = self._encode(t.system_open + system_message(ctx))
         spans: list[tuple[int, int]] = []
+        if ctx.guidance:
+            block = self._encode(format_guidance_block(ctx.task, ctx.guidance))
+            spans.append((len(ids), len(ids) + len(block)))
+            ids += block
+        ids += self._encode(t.system_end)
         users = [(turn.note + self._state(turn.state), turn.tips) for turn in shown] + [
             (note + self._state(state), tips)
         ]

@@ -172,9 +172,11 @@ class EnvWorker:
 
     def play(self, assignment: Assignment, temperature: float | None = None) -> Episode:
         """One episode of `assignment` (task, variation, mode, seed) with the served policy,
-        sampling at `temperature` (default env_actor.temperature); in the tip modes every turn
-        asks the memory service for tips. Nothing is uploaded or reported: run() does both."""
+        sampling at `temperature` (default: the assignment's, else env_actor.temperature); in the tip
+        modes every turn asks the memory service for tips, a guided one shows its guidance. Nothing
+        is uploaded or reported: run() does both."""
         runner = self.open()
+        temperature = assignment.temperature if temperature is None else temperature
         trajectory, stats = runner.play(
             assignment,
             self.actor_id,

@@ -224,3 +224,25 @@ def test_an_extended_prompt_is_the_prompt_rendered_from_scratch(builder, tokeniz
         again = builder.build(CTX, chat.past[:k], state, tips)
         np.testing.assert_array_equal(p.token_ids, again.token_ids)
         assert p.tip_spans == again.tip_spans and p.text == again.text
+
+
+def test_a_guided_episode_shows_its_guidance_in_the_system_part_as_a_span_of_every_turn(builder, tokenizer):
+    """HeRL: the guidance block ends the system part; every turn's prompt records its span with the tip
+    spans, so the chain still extends token for token and removing the spans removes it exactly."""
+    import dataclasses
+
+    from actors.env_actor.prompts import format_guidance_block
+    from learner.samples import remove_spans
+
+    guided = dataclasses.replace(CTX, guidance="It missed: focus on a living thing")
+    prompts, _ = _play(builder, tokenizer, PAST, STATE, TIPS, ctx=guided)
+    block = format_guidance_block(guided.task, guided.guidance)
+    for prompt in prompts:
+        start, end = prompt.tip_spans[0]  # the guidance, before any tip block
+        assert tokenizer.decode(prompt.token_ids[start:end].tolist()) == block
+    plain, _ = _play(builder, tokenizer, PAST, STATE, TIPS)
+    for with_guidance, without in zip(prompts, plain):
+        (start, end), *tips = with_guidance.tip_spans
+        assert tips == [(s + end - start, e + end - start) for s, e in without.tip_spans]  # tips after it, shifted
+        np.testing.assert_array_equal(remove_spans(with_guidance.token_ids, [(start, end)]), without.token_ids)
+    assert not any(p.chain_start for p in prompts[1:])  # the chain holds
