@@ -58,8 +58,9 @@ class CountBonus:
 
 
 def turn_rewards(traj: Trajectory, score_scale: float, intrinsic: np.ndarray) -> np.ndarray:
-    """[turns] reward of each turn of one episode, given its [turns] intrinsic reward."""
-    return np.full(traj.num_turns, traj.score * score_scale, dtype=np.float64) + intrinsic
+    """[turns] reward of each turn of one episode, given its [turns] intrinsic reward: its score plus
+    HeRL's improvement bonus (Trajectory.score_bonus, 0 unless its revision was played), scaled."""
+    return np.full(traj.num_turns, (traj.score + traj.score_bonus) * score_scale, dtype=np.float64) + intrinsic
 
 
 def group_advantages(rewards: list[np.ndarray], eps: float) -> list[np.ndarray]:

@@ -24,7 +24,7 @@ from learner.advantages import (
     group_advantages,
     turn_rewards,
 )
-from protocol.messages import OFF_POLICY, Trajectory
+from protocol.messages import GUIDED, OFF_POLICY, Trajectory
 
 GREEDY_BELOW = 1e-5  # vLLM samples greedily below this temperature (its _SAMPLING_EPS)
 
@@ -45,11 +45,16 @@ class TurnSample:
     # float32 [T]: the temperature each response token was sampled at, which it is scored at
     # (Trajectory.temperatures; greedy's 0 is 1, as the server reports it); None: all at 1
     temperatures: np.ndarray | None = None
+    # HeRL: a revision that took a slot of its group (Trajectory.hindsight): its tokens train as hindsight
+    # tokens (learner/loss.py, hindsight_policy_loss); `guidance_stripped`: its guidance was removed from the
+    # update prompt (herl.train_context=stripped)
+    hindsight: bool = False
+    guidance_stripped: bool = False
 
     @property
     def update_is_behaviour_prompt(self) -> bool:
         """The learner scores exactly what the server scored (lets us measure log-prob mismatch)."""
-        return not (self.mode == OFF_POLICY and self.with_tips)
+        return not (self.mode == OFF_POLICY and self.with_tips or self.guidance_stripped)
 
 
 def remove_spans(prompt: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
@@ -102,7 +107,10 @@ def build_samples(
     intrinsic: IntrinsicReward,
     eps: float,
     gigpo: GiGPO | None = None,
+    strip_guidance: bool = False,
 ) -> list[TurnSample]:
+    """Every turn of every episode as a sample with its group's advantage. The update prompt: tips removed
+    for off-policy; a guided episode's guidance removed with `strip_guidance` (herl.train_context=stripped)."""
     bonus = intrinsic(trajectories)  # [turns] r_int per episode, one call per batch (RND trains on it)
     groups: dict[str, list[int]] = defaultdict(list)
     for i, traj in enumerate(trajectories):
@@ -116,9 +124,10 @@ def build_samples(
             for i in range(traj.num_turns):
                 prompt, spans = traj.turn_prompt(i), traj.turn_tip_spans(i)
                 tipfree = remove_spans(prompt, spans)
+                stripped = traj.mode == GUIDED and strip_guidance and bool(spans)
                 samples.append(
                     TurnSample(
-                        update_prompt=tipfree if traj.mode == OFF_POLICY else prompt,
+                        update_prompt=tipfree if traj.mode == OFF_POLICY or stripped else prompt,
                         tipfree_prompt=tipfree,
                         response=traj.turn_response(i),
                         behaviour_logp=traj.turn_behaviour_logprobs(i),
@@ -128,6 +137,8 @@ def build_samples(
                         with_tips=bool(spans) and traj.mode in TIP_MODES,
                         continues=not traj.chain_starts[i],
                         temperatures=scoring_temperatures(traj.turn_temperatures(i)),
+                        hindsight=traj.hindsight,
+                        guidance_stripped=stripped,
                     )
                 )
     return samples

@@ -28,6 +28,7 @@ from learner.loss import (
     ClipConfig,
     clipped_policy_loss,
     entropy,
+    hindsight_policy_loss,
     kl_k3,
     low_probability_mask,
     mask_subject,
@@ -405,6 +406,7 @@ def micro_batch_loss(
     version: int,
     memory_in_use: bool = True,
     layout: list[list[int]] | None = None,
+    hindsight_gamma: float | None = None,
 ) -> tuple[torch.Tensor, StepTotals]:
     """[N] per-token EMPO2 loss L_t of the micro-batch's kept tokens (learner/loss.py), to be summed
     and back-propagated, and the micro-batch's totals. `pre`: the samples' scores without grad
@@ -454,6 +456,15 @@ def micro_batch_loss(
     clip = ClipConfig(cfg.clip_low, cfg.clip_high, cfg.dual_clip)
     # L_t = clipped surrogate (dual clip) [× w_t, decoupled] − β_H · H_t + β_KL · KL_t
     loss, diag = clipped_policy_loss(logp, behaviour_logp, advantages, clip, proximal_logp, cfg.behaviour_weight_cap)
+    # HeRL's hindsight tokens: −A·ρ/(ρ+γ), unclipped, ρ against πold recomputed on the prompt they are trained
+    # on (pre-scored when the batch takes several optimizer steps; else this pass's own, detached)
+    hindsight = torch.repeat_interleave(torch.tensor([s.hindsight for s in batch], device=device), lengths)[keep]
+    if bool(hindsight.any()):
+        if hindsight_gamma is None:
+            raise ValueError("hindsight samples in a batch, but no hindsight_gamma (herl.gamma) given")
+        pre_scored = pre.proximal_logp
+        old = logp.detach() if pre_scored is None else torch.cat(pre_scored or [torch.zeros(1)]).to(device)[keep]
+        loss = torch.where(hindsight, hindsight_policy_loss(logp, old, advantages, hindsight_gamma), loss)
     if cfg.entropy_coef:
         diag["entropy"] = entropy(log_softmax[keep])
         loss = loss - cfg.entropy_coef * diag["entropy"]
@@ -501,6 +512,7 @@ def train_step(
     timer: PhaseTimer | None = None,
     memory_in_use: bool = True,
     seed: int | None = None,
+    hindsight_gamma: float | None = None,
 ) -> StepStats:
     """One learner step over a batch: one optimizer step per mini-batch, each the token mean of the
     EMPO2 loss over that mini-batch's kept tokens.
@@ -516,6 +528,7 @@ def train_step(
     forward). The learning-rate schedule steps once, at the end (once per policy version).
     `timer` gets the score, forward_backward and optimizer phases. `memory_in_use`
     (replay_buffer.p_memory > 0) turns the paper's low-probability mask on (learner.low_prob_mask=paper).
+    `hindsight_gamma`: herl.gamma, for the batch's HeRL hindsight samples (required when it has some).
     """
     device = next(model.parameters()).device
     timer = PhaseTimer(device) if timer is None else timer
@@ -534,7 +547,8 @@ def train_step(
             samples,
             budget,
             tipfree_mask=cfg.low_prob_mask == "tip_rollouts",
-            proximal=cfg.ratio == "decoupled" and len(plan) > 1,  # πprox: the weights before the first step
+            # πprox (decoupled PPO) and HeRL's πold: the weights before the first step
+            proximal=(cfg.ratio == "decoupled" or any(s.hindsight for s in samples)) and len(plan) > 1,
             segs=[list(seg) for seg in mine],
             share=share,
         )
@@ -555,6 +569,7 @@ def train_step(
                     version,
                     memory_in_use,
                     layout=[[len(seg) for seg in row] for row in chosen],
+                    hindsight_gamma=hindsight_gamma,
                 )
                 loss.sum().backward()  # also with nothing kept: every rank runs the same backwards (FSDP)
                 mb_totals.add(micro_totals)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import zmq
 
-from common.config import RunFacts, WeightSyncConfig
+from common.config import HerlConfig, RunFacts, TrainContext, WeightSyncConfig
 from common.heartbeat import beat
 from common.metrics import METRICS_LOG, LearnerMetrics
 from common.model_prep import resolve_model
@@ -76,11 +76,13 @@ class Trainer:
         resume_from: Path | None = None,
         memory_in_use: bool = True,
         reference_path: str | None = None,
+        herl: HerlConfig | None = None,
     ):
         """`memory_in_use`: replay_buffer.p_memory > 0 (the paper's low-probability mask applies then).
         `reference_path`: the KL reference's weights, the policy the run started from (None: the
         weights at model_path; a resumed run passes its base model, not the checkpoint it loads)."""
         self.cfg = cfg  # its choices (ratio, advantage, intrinsic_kind, ...) were validated at load
+        self.herl = herl if herl is not None and herl.enabled else None
         self.memory_in_use, self.seed = memory_in_use, seed
         self.device = distributed.init(cfg.device)
         self.model, self.tokenizer = load_policy(model_path, self.device)  # HF names, config, save_pretrained
@@ -120,7 +122,14 @@ class Trainer:
         samples, score, forward_backward and optimizer phases."""
         timer = PhaseTimer(self.device) if timer is None else timer
         with timer.phase("samples"):
-            samples = build_samples(trajectories, self.cfg.score_scale, self.intrinsic, self.cfg.adv_eps, self.gigpo)
+            samples = build_samples(
+                trajectories,
+                self.cfg.score_scale,
+                self.intrinsic,
+                self.cfg.adv_eps,
+                self.gigpo,
+                strip_guidance=self.herl is not None and self.herl.train_context == TrainContext.stripped,
+            )
             samples, nonfinite = finite_samples(samples)
             if nonfinite:
                 log.warning("dropped %d turn samples with a non-finite advantage or log-prob", nonfinite)
@@ -135,6 +144,7 @@ class Trainer:
             timer,
             memory_in_use=self.memory_in_use,
             seed=self.seed,
+            hindsight_gamma=self.herl.gamma if self.herl else None,
         )
         self.version += 1
         stats.samples_nonfinite = nonfinite
@@ -202,7 +212,7 @@ def step_record(
 
 
 class Learner:
-    def __init__(self, learner: LearnerConfig, weight_sync: WeightSyncConfig, run: RunFacts):
+    def __init__(self, learner: LearnerConfig, weight_sync: WeightSyncConfig, run: RunFacts, herl: HerlConfig):
         self.lcfg, self.weight_sync, self.run_facts = learner, weight_sync, run
         self.metrics = LearnerMetrics()
         if self.lcfg.torch_threads:
@@ -222,6 +232,7 @@ class Learner:
             resume_from[0] if resume_from else None,
             memory_in_use=run.memory_in_use,
             reference_path=base_model,
+            herl=herl,
         )
         if resume_from:
             log.info("resumed from %s at policy version %d", resume_from[0], self.trainer.version)
@@ -463,5 +474,5 @@ class Learner:
         distributed.close()
 
 
-def main(learner: LearnerConfig, weight_sync: WeightSyncConfig, run: RunFacts) -> None:
-    run_role("learner", run, lambda: Learner(learner, weight_sync, run))
+def main(learner: LearnerConfig, weight_sync: WeightSyncConfig, herl: HerlConfig, run: RunFacts) -> None:
+    run_role("learner", run, lambda: Learner(learner, weight_sync, run, herl))

@@ -69,7 +69,7 @@ _ROLES = (
     Role(
         "empo2-learner",
         "learner.train",
-        sections=("learner", "weight_sync"),
+        sections=("learner", "weight_sync", "herl"),
         metrics="learner",
         index_key="RANK",  # under torchrun, rank r serves its metrics on the learner's port + r
         curve_client="learner",
