@@ -124,15 +124,21 @@ def collect(run_dir: Path, tasks: list[str], limits: list[str], args) -> int:
     return 0
 
 
-PRESETS = ("empo2", "grpo")
+PRESETS = ("empo2", "grpo")  # --presets' default: the methods trained and compared
 BASE = "base"
 # every paired comparison reported: (a, b) means a - b on the units both played
-PAIRS = (("empo2", BASE), ("grpo", BASE), ("empo2", "grpo"))
+BASELINE = "grpo"  # every other method is also compared with it
 
 
-def run_dirs(root: Path, seeds: list[int]) -> dict[str, list[Path]]:
+def pairs(presets: list[str]) -> list[tuple[str, str]]:
+    """Every paired comparison reported, (a, b) meaning a - b on the units both played: each method
+    against the base model, then each other method against GRPO."""
+    return [(m, BASE) for m in presets] + [(m, BASELINE) for m in presets if m != BASELINE and BASELINE in presets]
+
+
+def run_dirs(root: Path, seeds: list[int], presets: list[str]) -> dict[str, list[Path]]:
     """Each method's training runs, one per training seed."""
-    return {preset: [root / preset / f"seed{s}" for s in seeds] for preset in PRESETS}
+    return {preset: [root / preset / f"seed{s}" for s in seeds] for preset in presets}
 
 
 def compare(args) -> int:
@@ -149,7 +155,7 @@ def compare(args) -> int:
     if not args.collect:
         # the base model's evaluation does not depend on the preset or the training seed: played once
         _eval(root / BASE, args.lock, [*evaluation, "eval.policy=base"])
-        for preset, dirs in run_dirs(root, args.seeds).items():
+        for preset, dirs in run_dirs(root, args.seeds, args.presets).items():
             for seed, run_dir in zip(args.seeds, dirs):
                 train(preset, seed, run_dir, tasks, args)
                 _eval(run_dir, args.lock, [f"preset={preset}", *evaluation, "eval.policy=latest"])
@@ -211,7 +217,7 @@ def collect_compare(root: Path, args) -> int:
     policies[BASE].append(base[1])
     evaluations.append({"method": BASE, "seed": None, "report": base[0]})
     training = {}
-    for preset, dirs in run_dirs(root, args.seeds).items():
+    for preset, dirs in run_dirs(root, args.seeds, args.presets).items():
         policies[preset] = []
         for seed, run_dir in zip(args.seeds, dirs):
             found = final_evaluation(run_dir, args)
@@ -223,8 +229,12 @@ def collect_compare(root: Path, args) -> int:
             training[f"{preset}/seed{seed}"] = training_summary(run_dir)
     scores = {method: method_scores(evals) for method, evals in policies.items() if evals}
     per_policy = {method: asdict(estimate(list(s.values()))) for method, s in scores.items()}
-    pairs = [asdict(paired(a, scores[a], b, scores[b])) for a, b in PAIRS if a in scores and b in scores]
-    plotted = [d for dirs in run_dirs(root, args.seeds).values() for d in dirs if (d / "metrics.jsonl").exists()]
+    compared = [
+        asdict(paired(a, scores[a], b, scores[b])) for a, b in pairs(args.presets) if a in scores and b in scores
+    ]
+    plotted = [
+        d for dirs in run_dirs(root, args.seeds, args.presets).values() for d in dirs if (d / "metrics.jsonl").exists()
+    ]
     if plotted:
         plots = RESULTS / "learning_check_plots"
         subprocess.run([sys.executable, "-m", "evaluation.plot", *map(str, plotted), "--out", str(plots)], check=True)
@@ -240,7 +250,7 @@ def collect_compare(root: Path, args) -> int:
             "lr": args.lr,
         },
         "policies": per_policy,
-        "pairs": pairs,
+        "pairs": compared,
         "evaluations": [{**e, "report": {"tasks": e["report"]["tasks"]}} for e in evaluations],
         "training": training,
     }
@@ -416,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--variations", type=int, default=5)
     c.add_argument("--episodes", type=int, default=4)
     c.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds per method")
+    c.add_argument("--presets", nargs="+", default=list(PRESETS), help="the methods trained (conf/preset/)")
     c.add_argument("--run-root", default="runs/learning_check")
     c.add_argument("--collect", action="store_true", help="only write the table and plots of the runs under --run-root")
     args = parser.parse_args(argv)

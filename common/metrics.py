@@ -172,6 +172,14 @@ class ReplayBufferMetrics(RoleMetrics):
         self.staleness = self._histogram(
             "batch_staleness_versions", "Learner version minus sample version", (0, 1, 2, 3, 4, 6, 8, 16)
         )
+        # HeRL (replay_buffer/hindsight.py): replay_buffer.HindsightCounts since start, one gauge per field
+        self.hindsight = Gauge(
+            "empo2_replay_buffer_hindsight",
+            "HeRL since start: groups_guided, guided_episodes, revisions_inserted, revisions_beating_best, "
+            "bonus_paid, guided_timeouts",
+            ["count"],
+            registry=self.registry,
+        )
 
 
 class MemoryServiceMetrics(RoleMetrics):

@@ -21,6 +21,7 @@ Run: `empo2-replay-buffer [key=value ...]`.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import logging
 import time
@@ -213,6 +214,8 @@ class BufferProcess:
         else:
             self.metrics.duplicates.inc()
         self.metrics.groups_ready.set(len(self.buffer.ready))
+        for name, value in dataclasses.asdict(self.buffer.hindsight).items():
+            self.metrics.hindsight.labels(name).set(value)
         return self.durable(Ack(ref=msg.episode_id))
 
     def check_learner(self, req: BatchRequest) -> None:

@@ -122,6 +122,9 @@ PANELS = [
     ("Role restarts", "none", ["empo2_launch_restarts_total"]),
     # a restarted policy server waits for the run's newest weights; the learner pushes them to it alone
     ("Catch-up weight pushes (restarted servers)", "none", ["empo2_learner_catch_up_pushes_total"]),
+    # HeRL: groups held for guided revisions, revisions that took a slot or beat the group's best, bonus paid
+    ("HeRL: guided groups and revisions", "none", ['empo2_replay_buffer_hindsight{count!="bonus_paid"}']),
+    ("HeRL: improvement bonus paid", "none", ['empo2_replay_buffer_hindsight{count="bonus_paid"}']),
     (
         "Messages / s by role",
         "ops",

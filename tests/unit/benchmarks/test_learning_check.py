@@ -45,7 +45,16 @@ def test_compare_pairs_the_policies_on_their_common_units(tmp_path, monkeypatch)
     for seed, shift in ((0, 10.0), (1, 30.0)):  # two training seeds: a unit's EMPO2 score is their mean, 20
         _evaluation(root / "empo2" / f"seed{seed}", {u: shift for u in units})
     _evaluation(root / "grpo" / "seed0", {u: 5.0 * i for i, u in enumerate(units)})
-    args = SimpleNamespace(tasks=["boil"], variations=2, episodes=2, seeds=[0, 1], budget_min=1.0, steps=0, lr=1e-5)
+    args = SimpleNamespace(
+        tasks=["boil"],
+        variations=2,
+        episodes=2,
+        seeds=[0, 1],
+        budget_min=1.0,
+        steps=0,
+        lr=1e-5,
+        presets=["empo2", "grpo"],
+    )
     assert lc.collect_compare(root, args) == 0
     result = json.loads((tmp_path / "results" / "learning_check_compare.json").read_text())
     assert result["policies"]["empo2"]["mean"] == pytest.approx(20.0)
@@ -58,6 +67,13 @@ def test_compare_pairs_the_policies_on_their_common_units(tmp_path, monkeypatch)
     table = (tmp_path / "results" / "learning_check_compare.md").read_text()
     assert "| empo2 − base | 20.0 [20.0, 20.0] | 0.125 |" in table
     assert "| empo2/seed0 | - | - |" in table  # the diagnostics row of a run without metrics
+
+
+def test_each_method_is_compared_with_the_base_model_then_with_grpo():
+    assert lc.pairs(["empo2", "grpo", "herl"]) == [
+        ("empo2", "base"), ("grpo", "base"), ("herl", "base"), ("empo2", "grpo"), ("herl", "grpo")
+    ]  # fmt: skip
+    assert lc.pairs(["herl"]) == [("herl", "base")]
 
 
 def test_a_step_budget_gives_every_run_the_same_learner_steps_under_a_wall_limit(tmp_path, monkeypatch):

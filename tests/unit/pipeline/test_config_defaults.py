@@ -52,7 +52,7 @@ def test_pipeline_yaml_and_preset_empo2_are_the_dataclass_defaults():
     assert _yaml_keys(CONF / "preset" / "empo2.yaml") == {}
 
 
-@pytest.mark.parametrize("preset", ["grpo", "gigpo", "rnd"])
+@pytest.mark.parametrize("preset", ["grpo", "gigpo", "rnd", "herl", "empo2_herl"])
 def test_a_preset_changes_only_what_it_names_and_restates_no_default(preset):
     named = _yaml_keys(CONF / "preset" / f"{preset}.yaml")
     changed = {k: v for k, v in _values(load_config(["~profile", f"preset={preset}"])).items() if DEFAULTS[k] != v}
