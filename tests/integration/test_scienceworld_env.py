@@ -99,3 +99,21 @@ def test_the_cpu_profile_plays_4_steps_of_any_task():
             assert trajectory.num_turns == 4 and not trajectory.done
     finally:
         runner.env.close()
+
+
+def test_a_live_episodes_goal_progress_parses_into_its_subgoals_with_the_right_flags(runner):
+    """HeRL's rubrics (common/scienceworld.py, parse_goal_progress): at reset no sequential subgoal of
+    find-living-thing is met; after a move to another room "Move to a new location" is."""
+    from common.scienceworld import parse_goal_progress
+
+    env = runner.env
+    state = env.reset("find-living-thing", 0)
+    start = parse_goal_progress(env.goal_progress())
+    sequential = [s for s in start if s.sequential]
+    assert sequential and sequential[0].description == "focus on a living thing"
+    assert not any(s.passed for s in sequential)
+    moved = {s.description: s.passed for s in start if not s.sequential}
+    assert moved.get("Move to a new location") is False, start
+    env.step(next(a for a in state.valid_actions if a.startswith("teleport to ")))  # the easy simplification's
+    after = {s.description: s.passed for s in parse_goal_progress(env.goal_progress())}
+    assert after["Move to a new location"] and not after["focus on a living thing"], after
