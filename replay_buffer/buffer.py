@@ -228,6 +228,15 @@ class ReplayBuffer:
             group.sizes[chosen.slot] = group.sizes[best]
         group.trajectories = dict(enumerate(members))
         self.ready[group.group_id] = self.open.pop(group.group_id)
+        log.info(
+            "guided group %s closed: %d of %d revisions in, best original %g, %s in slot %d",
+            group.group_id[:8],
+            len(revised),
+            len(group.guided),
+            max(scores),
+            f"a revision scoring {members[chosen.slot].score:g}" if chosen.hindsight else "a copy of the best original",
+            chosen.slot,
+        )
 
     def expire_guidance(self, now: float) -> None:
         """Guiding groups past herl.guided_timeout_s go on with the revisions they have."""
