@@ -174,11 +174,17 @@ class BufferProcess:
         if self.buffer.held_bytes() >= self.run_facts.security.max_held_trajectory_bytes:
             return Wait(retry_after_s=ASSIGNMENT_RETRY_S, reason="the buffer holds its byte limit of trajectories")
         assignment, reissued = self.buffer.assign(time.time())
+        self.observe_groups()  # a guided group past its wait closes here
         if assignment is None:
             return Wait(retry_after_s=ASSIGNMENT_RETRY_S, reason="all open groups handed out, or the learner is behind")
         self.metrics.assignments.labels(assignment.mode).inc()
         self.metrics.reassigned.inc(int(reissued))
         return assignment
+
+    def observe_groups(self) -> None:
+        self.metrics.groups_ready.set(len(self.buffer.ready))
+        for name, value in dataclasses.asdict(self.buffer.hindsight).items():
+            self.metrics.hindsight.labels(name).set(value)
 
     def return_assignment(self, msg: AssignmentReturn) -> Ack:
         """A stopping actor's unfinished slot: handed out again at the next request."""
@@ -213,9 +219,7 @@ class BufferProcess:
             self.metrics.trajectories_success.labels(msg.mode).inc(int(msg.success))
         else:
             self.metrics.duplicates.inc()
-        self.metrics.groups_ready.set(len(self.buffer.ready))
-        for name, value in dataclasses.asdict(self.buffer.hindsight).items():
-            self.metrics.hindsight.labels(name).set(value)
+        self.observe_groups()
         return self.durable(Ack(ref=msg.episode_id))
 
     def check_learner(self, req: BatchRequest) -> None:
