@@ -132,3 +132,20 @@ def test_the_door_refuses_what_only_the_buffer_sets_and_a_guided_episode_in_a_me
     traj.score_bonus, traj.mode = 0.0, "guided"
     with pytest.raises(ProtocolError, match="mode differ"):
         buffer.check_lease(traj)
+
+
+def test_a_restarted_buffer_replaying_its_log_closes_a_guided_group_the_same_way():
+    first = _buffer(max_candidates=2)
+    members = [first.assign(0.0)[0] for _ in range(4)]
+    logged = [_play(first, a, s) for a, s in zip(members, (17.0, 17.0, 8.0, 17.0))]
+    logged += [_play(first, first.assign(0.0)[0], s) for s in (25.0, 17.0)]  # the two revisions
+    [closed] = first.ready.values()
+    again = _buffer(max_candidates=2)
+    for traj in logged:  # BufferLog.replay adds the log's trajectories in order, without leases
+        assert again.add(traj)
+    [replayed] = again.ready.values()
+    view = [(t.episode_id, t.slot, t.hindsight, t.score_bonus) for _, t in sorted(closed.trajectories.items())]
+    assert view == [
+        (t.episode_id, t.slot, t.hindsight, t.score_bonus) for _, t in sorted(replayed.trajectories.items())
+    ]
+    assert sum(t.hindsight for t in closed.trajectories.values()) == 1
