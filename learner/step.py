@@ -445,25 +445,25 @@ def micro_batch_loss(
         torch.tensor([s.advantage for s in batch], dtype=torch.float32, device=device), lengths
     )  # [ΣT] A of each token's sample
     logp, behaviour_logp, advantages = logp[keep], behaviour_logp[keep], advantages[keep]  # [N] kept tokens
-    # decoupled PPO: the proximal policy is the weights before the batch's first update (pre-scored when the
-    # batch takes several optimizer steps; else the update pass's own log-probs, detached)
-    proximal_logp = None
-    if cfg.ratio == "decoupled":
+
+    def before_update_logp() -> torch.Tensor:
+        """[N] log-probs under the weights before the batch's first update: pre-scored when the batch
+        takes several optimizer steps; else the update pass's own, detached."""
         pre_scored = pre.proximal_logp
-        proximal_logp = (
-            logp.detach() if pre_scored is None else torch.cat(pre_scored or [torch.zeros(1)]).to(device)[keep]
-        )
+        return logp.detach() if pre_scored is None else torch.cat(pre_scored or [torch.zeros(1)]).to(device)[keep]
+
+    # decoupled PPO: the proximal policy is the weights before the batch's first update
+    proximal_logp = before_update_logp() if cfg.ratio == "decoupled" else None
     clip = ClipConfig(cfg.clip_low, cfg.clip_high, cfg.dual_clip)
     # L_t = clipped surrogate (dual clip) [× w_t, decoupled] − β_H · H_t + β_KL · KL_t
     loss, diag = clipped_policy_loss(logp, behaviour_logp, advantages, clip, proximal_logp, cfg.behaviour_weight_cap)
-    # HeRL's hindsight tokens: −A·ρ/(ρ+γ), unclipped, ρ against πold recomputed on the prompt they are trained
-    # on (pre-scored when the batch takes several optimizer steps; else this pass's own, detached)
+    # HeRL's hindsight tokens: −A·ρ/(ρ+γ), unclipped, ρ against πold: the weights before the update, on the
+    # prompt they are trained on
     hindsight = torch.repeat_interleave(torch.tensor([s.hindsight for s in batch], device=device), lengths)[keep]
     if bool(hindsight.any()):
         if hindsight_gamma is None:
             raise ValueError("hindsight samples in a batch, but no hindsight_gamma (herl.gamma) given")
-        pre_scored = pre.proximal_logp
-        old = logp.detach() if pre_scored is None else torch.cat(pre_scored or [torch.zeros(1)]).to(device)[keep]
+        old = before_update_logp()
         loss = torch.where(hindsight, hindsight_policy_loss(logp, old, advantages, hindsight_gamma), loss)
     if cfg.entropy_coef:
         diag["entropy"] = entropy(log_softmax[keep])
