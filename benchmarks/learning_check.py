@@ -45,6 +45,7 @@ from safetensors.torch import load_file
 from benchmarks.record import REPO, run_header, write_result
 from common.model_prep import EMBEDDED_MODEL, resolve_model
 from common.scienceworld import task_names
+from deploy.lockstep import step_records
 from evaluation.config import EvalConfig
 from evaluation.eval import EPISODES_FILE, EpisodeLog, summarize, write_results
 from evaluation.stats import estimate, paired
@@ -290,8 +291,7 @@ def diagnostics(run_dir: Path) -> dict:
     """Why a run did or did not move its policy, from what it wrote: the step means of STEP_MEANS,
     how many of its episodes were tip rollouts, its memory's size and best tips, and how far the final
     weights moved from the base model's (relative L2 norm of the difference)."""
-    log = run_dir / "metrics.jsonl"  # absent if the run ended before its first step
-    steps = [r for r in map(json.loads, log.read_text().splitlines()) if r["record"] == "step"] if log.exists() else []
+    steps = step_records(run_dir)  # none if the run ended before its first step
     out: dict = {
         f"{key}_mean": statistics.fmean(r[key] for r in steps if r.get(key) is not None)
         for key in STEP_MEANS
