@@ -113,6 +113,10 @@ class LearnerConfig:
     resume: bool = True  # start from the newest checkpoint in run_dir/checkpoints, if any
     push_timeout_s: float = 300.0  # one weight push to one server, until it reports the version live
     push_attempts: int = 3  # a push that times out (a hung server) is sent again, this many tries in all
+    # weight_sync.method=zmq with one learner process, asynchronous: each server gets the newest weights
+    # from a thread of its own (a snapshot), the learner steps on; a hung server lags, never holds it
+    # (learner/weight_push.py, BackgroundPushes). Otherwise, and when false, a push waits for every server.
+    background_push: bool = True
     torch_threads: int = 0  # 0 = torch default
 
     def validate(self) -> None:

@@ -49,7 +49,7 @@ from learner.policy_model import ResponseScorer, load_policy
 from learner.rnd import RNDBonus
 from learner.samples import GiGPO, build_samples, finite_samples
 from learner.step import PHASES, PhaseTimer, StepStats, train_step
-from learner.weight_push import PushTiming, WeightPusher, weight_tensors
+from learner.weight_push import BackgroundPushes, PushTiming, WeightPusher, build_chunks, snapshot, weight_tensors
 from protocol import Client, RemoteError, RequestTimeout
 from protocol.messages import Batch, BatchConfirm, BatchRequest, Ping, Pong, Trajectory, Wait
 from protocol.newest_version import publish_newest_version
@@ -242,6 +242,7 @@ class Learner:
         self.history: list[dict] = []
         self._started = self._last_publish = time.time()  # the metrics log's wall clock
         self._next_catch_up = 0.0  # monotonic time of the next catch-up (catch_up)
+        self.background: BackgroundPushes | None = None  # rank 0's, below
         if not self.is_rank0:
             return
         ctx = zmq.Context.instance()
@@ -256,6 +257,14 @@ class Learner:
             run.server_tensor_parallel_size,
             self.lcfg.push_attempts,
             shm_name=f"run-{run_id}",
+        )
+        # pushes that never hold the learner: zmq (its chunks are a snapshot), one learner process (rank
+        # 0 holds the whole model), asynchronous (the sync baseline plays every version in lockstep)
+        background = learner.background_push and weight_sync.method == "zmq" and distributed.world_size() == 1
+        self.background = (
+            BackgroundPushes(list(run.endpoints.policy_servers), self.lcfg.push_timeout_s)
+            if background and not run.sync
+            else None
         )
 
     @property
@@ -301,6 +310,8 @@ class Learner:
         """Bring every policy server (or only `clients`: a catch-up) to the current weights
         (weight_sync.method), then publish the version as the run's newest. Every rank takes part in
         gathering them; rank 0 sends them and gets the timing (None elsewhere)."""
+        if self.background is not None:
+            return self.push_in_background(clients)
         if self.weight_sync.method == "checkpoint":  # every push is a checkpoint the servers load
             path = self.save_checkpoint()
             timing = self.pusher.push_checkpoint(Path(path), self.version, clients) if self.is_rank0 else None
@@ -315,6 +326,24 @@ class Learner:
         if self.is_rank0:
             publish_newest_version(self.run_facts.run_dir, self.version)
         return timing
+
+    def push_in_background(self, clients: list[Client] | None) -> PushTiming:
+        """The current weights, snapshotted, to every server's push thread (or again, the newest, to
+        `clients`: a catch-up); published as the run's newest at once, so a server (re)started now
+        awaits them. The timing is the snapshot's: the learner waits for nothing else."""
+        t0 = time.perf_counter()
+        if clients is not None:
+            for client in clients:
+                self.background.resend(self.policies.index(client))
+            return PushTiming(time.perf_counter() - t0, 0.0)
+        model = self.trainer.model
+        tensors = snapshot(weight_tensors(model, self.trainer.full_weights()))
+        chunks = build_chunks(
+            tensors, self.version, self.weight_sync.zmq_chunk_bytes, lora_scale(model) if is_lora(model) else 0.0
+        )
+        self.background.submit(self.version, chunks)
+        publish_newest_version(self.run_facts.run_dir, self.version)
+        return PushTiming(time.perf_counter() - t0, 0.0)
 
     def catch_up(self) -> None:
         """Push the current weights to each policy server that is behind: restarted (it loaded the
@@ -396,6 +425,11 @@ class Learner:
 
     def publish(self, record: dict) -> None:
         record = {**record, **self.throughput(record)}
+        if self.background is not None:  # how far each server is behind the learner, in versions
+            lags = [self.version - max(v, 0) for v in self.background.acked]
+            record.update(server_version_lag_max=max(lags), push_backlog=self.background.backlog())
+            for endpoint, lag in zip(self.background.endpoints, lags):
+                self.metrics.server_version_lag.labels(endpoint).set(lag)
         self.metrics.observe_step(record)
         self.history.append(record)
         with open(self.run_facts.run_path(METRICS_LOG), "a") as f:  # one line per step, for empo2-plot
@@ -454,6 +488,11 @@ class Learner:
         return self.saved[1]
 
     def finish(self) -> dict:
+        if self.background is not None:  # the run ends with its last version served (bounded wait)
+            limit = self.lcfg.push_timeout_s * self.lcfg.push_attempts
+            if not self.background.wait(self.version, limit):
+                lagging = [ep for ep, v in zip(self.background.endpoints, self.background.acked) if v < self.version]
+                log.warning("after %.0fs, %s do not serve the last version v%d yet", limit, lagging, self.version)
         summary = {
             "steps": self.version,
             "policy_version": self.version,
@@ -471,6 +510,8 @@ class Learner:
     def close(self) -> None:
         if self.is_rank0:
             self.pusher.close()
+            if self.background is not None:
+                self.background.close()
         distributed.close()
 
 

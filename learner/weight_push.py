@@ -22,11 +22,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import zmq
 
 from common.config import WeightSyncConfig
 from common.heartbeat import beat
@@ -172,6 +174,112 @@ def push_weights(clients: list[Client], chunks: list[WeightChunk], timeout_s: fl
         log.info("%s now serves v%d (engine reload %.2fs)", client.endpoint, ack.version, ack.apply_seconds)
         engine_s += ack.apply_seconds
     return PushTiming(time.perf_counter() - t0, engine_s)
+
+
+def snapshot(tensors: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """CPU copies of the tensors: what a push that outlives the step sends (build_chunks makes zero-copy
+    views of CPU tensors, which the next optimizer step would change under it)."""
+    return [(name, t.detach().to("cpu", copy=True)) for name, t in tensors]
+
+
+class BackgroundPushes:
+    """Weight pushes that never hold the learner (issue 26; learner.background_push): one thread per
+    policy server, each with its own socket, sends the newest version submitted (a snapshot's chunks)
+    to its server and, while it was busy or its server did not answer, the newest one again: a server
+    behind gets the newest weights, not every version in between. A timed-out or not-ready server is
+    tried again every NOT_READY_RETRY_S, never failing the learner; resend() gives a server the newest
+    again (it restarted: catch-up). acked: the version each server last confirmed (-1: none yet)."""
+
+    def __init__(self, endpoints: list[str], timeout_s: float):
+        self.endpoints, self.timeout_s = endpoints, timeout_s
+        self.acked = [-1] * len(endpoints)
+        self._pending: list[tuple[int, list[WeightChunk]] | None] = [None] * len(endpoints)
+        self._sending = [-1] * len(endpoints)  # the version each thread is sending now (-1: none)
+        self._newest: tuple[int, list[WeightChunk]] | None = None
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._threads = [
+            threading.Thread(target=self._serve, args=(i,), name=f"push-{i}", daemon=True)
+            for i in range(len(endpoints))
+        ]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, version: int, chunks: list[WeightChunk]) -> None:
+        with self._cond:
+            self._newest = (version, chunks)
+            self._pending = [self._newest] * len(self.endpoints)
+            self._cond.notify_all()
+
+    def resend(self, index: int) -> None:
+        """The newest version to server `index` again (it restarted and serves an older one)."""
+        with self._cond:
+            if self._newest is not None and self._sending[index] != self._newest[0]:
+                self._pending[index] = self._newest
+                self._cond.notify_all()
+
+    def backlog(self) -> int:
+        """Servers that have not confirmed the newest version submitted (being sent, or waiting)."""
+        with self._cond:
+            return 0 if self._newest is None else sum(v < self._newest[0] for v in self.acked)
+
+    def wait(self, version: int, timeout_s: float) -> bool:
+        """True once every server confirmed `version` (or newer), within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while min(self.acked) < version:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 1.0))
+                beat()
+            return True
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def _serve(self, i: int) -> None:
+        client = Client(zmq.Context.instance(), self.endpoints[i], self.timeout_s)
+        try:
+            while True:
+                with self._cond:
+                    while self._pending[i] is None and not self._stopped:
+                        self._cond.wait()
+                    if self._stopped:
+                        return
+                    version, chunks = self._pending[i]
+                    self._pending[i], self._sending[i] = None, version
+                t0 = time.perf_counter()
+                try:
+                    for chunk in chunks:
+                        ack = client.call(chunk, timeout_s=self.timeout_s)
+                except (RequestTimeout, RemoteError) as exc:
+                    log.warning(
+                        "background push of v%d to %s: %s; trying the newest again", version, client.endpoint, exc
+                    )
+                    with self._cond:
+                        if self._pending[i] is None:
+                            self._pending[i] = (version, chunks)
+                    time.sleep(NOT_READY_RETRY_S)
+                    continue
+                if not (isinstance(ack, WeightUpdateAck) and ack.applied and ack.version == version):
+                    log.warning("%s did not apply v%d: %s", client.endpoint, version, ack)
+                    with self._cond:
+                        self._sending[i] = -1
+                    continue
+                with self._cond:
+                    self._sending[i] = -1
+                    self.acked[i] = max(self.acked[i], version)
+                    self._cond.notify_all()
+                log.info(
+                    "%s now serves v%d (background push, %.1fs)", client.endpoint, version, time.perf_counter() - t0
+                )
+        finally:
+            client.close()
 
 
 class WeightPusher:

@@ -49,3 +49,22 @@ def test_a_timed_out_server_is_passed_over_until_its_retry_delay_passes(monkeypa
         clock[0] += 31.0
         assert {pick() for _ in range(3)} == {0, 1, 2}
         clock[0] = 100.0
+
+
+def test_a_server_behind_the_newest_version_is_passed_over_while_a_current_one_is_up(monkeypatch):
+    """learner.background_push: a server whose push is still under way answers with an older version;
+    requests go to the current ones until it answers with the newest, or retry_after_s has passed (its
+    next answer then says where it is)."""
+    clock = [100.0]
+    monkeypatch.setattr("actors.env_actor.worker.time.monotonic", lambda: clock[0])
+    chooser = ServerChooser(3, "round_robin", retry_after_s=30.0)
+    for index, version in ((0, 5), (1, 4), (2, 5)):
+        chooser.answered(index, version)
+    assert {chooser.acquire() for _ in range(6)} == {0, 2}  # server 1 serves v4: passed over
+    chooser.down_until[0] = chooser.down_until[2] = clock[0] + 10  # the current ones time out: 1 is used
+    assert {chooser.acquire() for _ in range(3)} == {1}
+    chooser.down_until[0] = chooser.down_until[2] = 0.0
+    clock[0] += 31  # its version is old news: tried again
+    assert 1 in {chooser.acquire() for _ in range(3)}
+    chooser.answered(1, 5)  # caught up
+    assert {chooser.acquire() for _ in range(6)} == {0, 1, 2}
