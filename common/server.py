@@ -95,12 +95,18 @@ def dispatch(
     if handler is None:
         return unexpected_kind(msg, metrics)
     try:
-        check_sender(msg, sender)
-        if limits is not None:
-            msg.check(limits)
+        admit(msg, limits, sender)
         return handler(msg, *context)
     except ProtocolError as exc:
         return refuse(exc, metrics)
+
+
+def admit(msg: Message, limits: DoorLimits | None, sender: str | None) -> None:
+    """The door's checks of a well-formed message: its sender's role (under CURVE), then the
+    server's limits; ProtocolError if refused."""
+    check_sender(msg, sender)
+    if limits is not None:
+        msg.check(limits)
 
 
 @dataclass
@@ -111,6 +117,11 @@ class AfterCommit:
     reply: Message
 
 
+# A server's batched handlers: a message type whose requests waiting together are answered in one call
+# (message list -> reply list, in order), e.g. the memory service's queries, one embedding call for all.
+BatchTable = Mapping[type[Message], Callable[[list[Message]], list[Message]]]
+
+
 def serve_requests(
     endpoint: str,
     handlers: HandlerTable,
@@ -118,16 +129,34 @@ def serve_requests(
     limits: DoorLimits | None = None,
     commit: Callable[[], None] | None = None,
     commit_interval_s: float = 0.0,
+    batched: BatchTable | None = None,
+    max_batch: int = 1,
 ) -> None:
     """Bind a ROUTER at `endpoint` and answer every request with its handler's reply, forever;
     every message is checked against `limits` first (dispatch). A reply wrapped in AfterCommit is
     held; at most `commit_interval_s` after the first one held, `commit()` runs and every held
-    reply goes out (requests keep being served meanwhile). Every turn of the loop, an idle one at
-    least every IDLE_POLL_MS, is a heartbeat: a stuck handler or commit stops it."""
+    reply goes out (requests keep being served meanwhile). A request of a `batched` type takes the
+    requests already waiting with it, up to `max_batch` of that type (the others are answered as they
+    come), and they are answered by one call of its batch handler (each one through the door first).
+    Every turn of the loop, an idle one at least every IDLE_POLL_MS, is a heartbeat: a stuck handler
+    or commit stops it."""
+    batched = batched or {}
     sock = bind_router(zmq.Context.instance(), endpoint)
     watch_handshakes(sock, metrics.handshake_failures)
     held: list[tuple[bytes, Message]] = []  # (client, reply) waiting for the next commit
     due = 0.0
+
+    def answer(request) -> None:
+        nonlocal due
+        reply = dispatch(handlers, request.message, metrics, limits=limits, sender=request.sender)
+        if isinstance(reply, AfterCommit):
+            if not held:
+                due = time.monotonic() + commit_interval_s
+            held.append((request.identity, reply.reply))
+            return
+        send_reply(sock, request.identity, reply)
+        metrics.messages_out.labels(reply.KIND).inc()
+
     while True:
         beat()
         if held:
@@ -141,18 +170,53 @@ def serve_requests(
                 continue
         elif not sock.poll(IDLE_POLL_MS, zmq.POLLIN):
             continue
+        request = receive(sock, metrics)
+        if request is None:
+            continue
+        if type(request.message) in batched and max_batch > 1:
+            serve_batch(sock, request, batched[type(request.message)], answer, metrics, limits, max_batch)
+        else:
+            answer(request)
+
+
+def receive(sock, metrics: RoleMetrics):
+    """The next request, counted; None for a malformed one (answered with ErrorReply in recv_request)."""
+    try:
+        request = recv_request(sock)
+    except ProtocolError as exc:
+        metrics.rejected.labels(exc.reason).inc()
+        rejections.note(exc)
+        return None
+    metrics.messages_in.labels(request.message.KIND).inc()
+    return request
+
+
+def serve_batch(
+    sock,
+    first,
+    handle: Callable[[list[Message]], list[Message]],
+    answer: Callable[[Any], None],
+    metrics: RoleMetrics,
+    limits: DoorLimits | None,
+    max_batch: int,
+) -> None:
+    """`first` and the requests of its type already waiting on `sock` (up to `max_batch`), through the
+    door one by one, then answered by one call of `handle`; a request of another type met on the way is
+    answered as the loop answers it (`answer`: each client waits for its own reply only)."""
+    kind, taken = type(first.message), [first]
+    while len(taken) < max_batch and sock.poll(0, zmq.POLLIN):
+        request = receive(sock, metrics)
+        if request is not None and type(request.message) is kind:
+            taken.append(request)
+        elif request is not None:
+            answer(request)
+    admitted = []
+    for request in taken:
         try:
-            request = recv_request(sock)  # a malformed request is answered with ErrorReply there
+            admit(request.message, limits, request.sender)
+            admitted.append(request)
         except ProtocolError as exc:
-            metrics.rejected.labels(exc.reason).inc()
-            rejections.note(exc)
-            continue
-        metrics.messages_in.labels(request.message.KIND).inc()
-        reply = dispatch(handlers, request.message, metrics, limits=limits, sender=request.sender)
-        if isinstance(reply, AfterCommit):
-            if not held:
-                due = time.monotonic() + commit_interval_s
-            held.append((request.identity, reply.reply))
-            continue
+            send_reply(sock, request.identity, refuse(exc, metrics))
+    for request, reply in zip(admitted, handle([r.message for r in admitted]) if admitted else []):
         send_reply(sock, request.identity, reply)
         metrics.messages_out.labels(reply.KIND).inc()

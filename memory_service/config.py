@@ -30,6 +30,9 @@ class MemoryServiceConfig:
     similarity_threshold: float = 0.5  # cosine similarity a memory must exceed to be retrieved
     top_k: int = 10  # memories returned per query, highest episode score first
     capacity: int = 1000  # FIFO cap per memory
+    # MemoryQueries waiting together are embedded in one call, at most this many (1: one by one). At 64
+    # actors one embedding per query answered 4-13 queries/s (benchmarks/README.md, load)
+    query_batch: int = 64
     key: MemoryKey = MemoryKey.task_variation  # one memory per task_variation | task | global
     reflection_system: str = REFLECTION_SYSTEM  # system prompt of the reflection request
     reflection_instruction: str = REFLECTION_INSTRUCTION  # closes the user turn, after the attempt
@@ -58,6 +61,7 @@ class MemoryServiceConfig:
         within("similarity_threshold", self.similarity_threshold, -1.0, 1.0)
         at_least("top_k", self.top_k, 1)
         at_least("capacity", self.capacity, 1)
+        at_least("query_batch", self.query_batch, 1)
         at_least("reflection_steps_shown", self.reflection_steps_shown, 0)
         at_least("reflection_state_chars", self.reflection_state_chars, 0)
         at_least("reflection_prompt_tokens", self.reflection_prompt_tokens, 0)

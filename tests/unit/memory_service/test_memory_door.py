@@ -90,3 +90,18 @@ def test_a_stored_nan_score_never_breaks_a_result_after_restart(tmp_path):
         assert decode(encode(result)) == result
     finally:
         store.close()
+
+
+def test_queries_answered_together_get_what_each_would_get_alone(service):
+    """memory_service.query_batch: one embedding call for the queries waiting together; every answer
+    is the one a lone query gets (the same tips in the same order, the same count)."""
+    states = [f"This room is called the kitchen. In it, you see: a fridge and item {i}." for i in range(6)]
+    vectors = service.embed(states)
+    key = "boil/0"
+    service.store.add(key, [Entry(f"tip {i}", float(10 * i), s) for i, s in enumerate(states)], vectors)
+    queries = [MemoryQuery(task="boil", variation=0, state=s) for s in [*states[:3], "a bathroom with a sink"]]
+    together = service.retrieve_batch(queries)
+    alone = [service.retrieve(q) for q in queries]
+    assert [(r.tips, r.count) for r in together] == [(r.tips, r.count) for r in alone]
+    assert np.allclose([r.scores for r in together[:3]], [r.scores for r in alone[:3]])
+    assert together[0].count > 0  # a stored state finds its own entry
