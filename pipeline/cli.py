@@ -29,6 +29,7 @@ _DRIVER_SECTIONS = {
     "empo2-run": ("launch",),
     "empo2-eval": ("eval", "env"),
     "empo2-memory-tta": ("tta", "env"),
+    "empo2-spa": ("spa", "env"),
     "empo2-evaluator": ("eval",),
 }
 _HELP_FLAGS = ("-h", "--help")
@@ -108,10 +109,15 @@ def run(command: str, argv: list[str] | None = None) -> int | None:
         from deploy.launch import attach_main
 
         return attach_main(argv[1:])
-    cfg = role_config(command, argv)
+    stage = argv[:1] if role.stages and argv[:1] and argv[0] in role.stages else []
+    argv = argv[len(stage) :]
+    cfg = role_config(command, argv)  # a bad value is refused first, stage or not
+    if role.stages and not stage:
+        print(f"usage: {command} {{{'|'.join(role.stages)}}} [key=value ...]", file=sys.stderr)
+        return 2
     module = importlib.import_module(role.module)
     if role.driver:
-        return module.main(argv, cfg)
+        return module.main([*stage, *argv], cfg)
     return module.main(**given(command, cfg))
 
 
@@ -157,6 +163,7 @@ replay_buffer = _entry("empo2-replay-buffer")
 learner = _entry("empo2-learner")
 memory_tta = _entry("empo2-memory-tta")
 evaluate = _entry("empo2-eval")
+spa = _entry("empo2-spa")
 
 
 def show_config(argv: list[str] | None = None) -> int:

@@ -29,6 +29,7 @@ class Role:
     curve_client: str | None = None
     learner_token: bool = False  # given the run's learner token (LEARNER_TOKEN_ENV): it checks or sends it
     console_script: bool = True  # an empo2-* script (pyproject [project.scripts]); else only `python -m pipeline`
+    stages: tuple[str, ...] = ()  # a driver whose first argument names what it does (empo2-spa collect ...)
 
     @property
     def driver(self) -> bool:
@@ -47,7 +48,7 @@ _ROLES = (
     Role(
         "empo2-env-actor",
         "actors.env_actor.process",
-        sections=("env_actor", "env"),
+        sections=("env_actor", "env", "sge"),
         metrics="env_actor",
         index_key="env_actor.index",
         curve_client="env_actor",
@@ -55,14 +56,14 @@ _ROLES = (
     Role(
         "empo2-memory-service",
         "memory_service.service",
-        sections=("memory_service",),
+        sections=("memory_service", "sge"),
         metrics="memory_service",
         curve_client="memory_service",
     ),
     Role(
         "empo2-replay-buffer",
         "replay_buffer.service",
-        sections=("replay_buffer", "env", "herl"),
+        sections=("replay_buffer", "env", "herl", "sge"),
         metrics="replay_buffer",
         learner_token=True,
     ),
@@ -79,6 +80,7 @@ _ROLES = (
     Role("empo2-run", "deploy.launch", sections=()),
     Role("empo2-eval", "evaluation.eval", sections=(), curve_client="evaluation"),
     Role("empo2-memory-tta", "evaluation.tta", sections=(), curve_client="evaluation"),
+    Role("empo2-spa", "spa.main", sections=(), curve_client="evaluation", stages=("collect", "sft", "all")),
     # eval.every_steps: the periodic evaluation, started by the launcher; it runs empo2-eval per checkpoint
     Role(
         "empo2-evaluator",

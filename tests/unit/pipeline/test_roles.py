@@ -54,7 +54,7 @@ def test_the_run_facts_defaults_are_the_default_configurations():
 def test_given_hands_each_role_its_sections_and_its_metrics_port(tmp_path):
     cfg = load_config([f"run_dir={tmp_path}", "env_actor.index=3", "replay_buffer.p_memory=0"])
     actor = given("empo2-env-actor", cfg)
-    assert set(actor) == {"env_actor", "env", "run"} and actor["env_actor"] is cfg.env_actor
+    assert set(actor) == {"env_actor", "env", "sge", "run"} and actor["env_actor"] is cfg.env_actor
     assert actor["run"].metrics_port == cfg.metrics.port("env_actor", 3)
     assert actor["run"].memory_in_use is False and actor["run"].max_model_len == cfg.policy_server.max_model_len
     server = given("empo2-policy-server", load_config([f"run_dir={tmp_path}"]))
