@@ -15,7 +15,7 @@ from pathlib import Path
 from common.choices import Choice
 from common.model_prep import EMBEDDED_MODEL
 from common.scienceworld import task_names
-from protocol.messages import DoorLimits
+from protocol.messages import MAX_REFLECTED_STRATEGIES, DoorLimits
 
 
 class ConfigError(ValueError):
@@ -273,6 +273,49 @@ def run_path(run_dir: str, *parts: str) -> Path:
     path = Path(run_dir).joinpath(*parts)
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@dataclass
+class SgeConfig:
+    """SGE (Strategy-Guided Exploration, Szot et al., arXiv 2603.02045; no public code): at the turns
+    due, the policy first writes a <strategy>, sampled at the member's strategy temperature, then the
+    action at the usual temperature, conditioned on it (actors/env_actor/strategy.py); a group's
+    members spread their strategy temperatures over [strategy_temperature_min, _max] (the replay
+    buffer's assignments); the memory service keeps every episode's opening strategy with its score
+    and shows a new group the best and the most recent ones (the reflection, the same for every member).
+    The paper's numbers for these keys were not readable (docs/methods.md): each is a choice, said so
+    there. The env actor, the replay buffer and the memory service read this section."""
+
+    enabled: bool = False  # preset=sge / empo2_sge
+    # a strategy at turn 0 and then every N turns (1: every turn, "at each decision step"; 0: only at turn 0)
+    replan_every: int = 1
+    max_strategy_tokens: int = 48  # a strategy's generation cap (a cut one is closed by the actor)
+    strategy_temperature_min: float = 0.6  # slot 0 of a group
+    strategy_temperature_max: float = 1.4  # slot G-1; the others evenly between
+    reflection: bool = True  # show a group the earlier strategies of its task with their scores
+    reflection_best: int = 2  # the best-scoring earlier strategies shown
+    reflection_recent: int = 2  # and the most recent others
+
+    def strategy_temperature(self, slot: int, group_size: int) -> float:
+        """The strategy temperature of member `slot` of a group of `group_size`: evenly spread."""
+        lo, hi = self.strategy_temperature_min, self.strategy_temperature_max
+        return lo if group_size <= 1 else lo + (hi - lo) * slot / (group_size - 1)
+
+    def strategy_due(self, turn: int) -> bool:
+        return turn == 0 or self.replan_every > 0 and turn % self.replan_every == 0
+
+    def validate(self) -> None:
+        at_least("replan_every", self.replan_every, 0)
+        at_least("max_strategy_tokens", self.max_strategy_tokens, 1)
+        within("strategy_temperature_min", self.strategy_temperature_min, 0.0, 10.0)
+        within("strategy_temperature_max", self.strategy_temperature_max, self.strategy_temperature_min, 10.0)
+        at_least("reflection_best", self.reflection_best, 0)
+        at_least("reflection_recent", self.reflection_recent, 0)
+        check(
+            self.reflection_best + self.reflection_recent <= MAX_REFLECTED_STRATEGIES,
+            "reflection_best",
+            f"at most {MAX_REFLECTED_STRATEGIES} strategies in a reflection (reflection_best + reflection_recent)",
+        )
 
 
 class TrainContext(Choice):

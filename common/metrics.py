@@ -136,6 +136,15 @@ class EnvActorMetrics(RoleMetrics):
             "memory_fallbacks", "Turns that went without tips because memory was unreachable"
         )
         self.tips_shown = self._counter("tips_shown", "Tips put into prompts")
+        self.strategies = self._counter("strategies", "SGE: strategies written (a turn's strategy before its action)")
+        self.strategy_tokens = self._histogram(
+            "strategy_tokens", "SGE: sampled tokens of one strategy", (4, 8, 16, 24, 32, 48, 64, 96, 128)
+        )
+        self.reflections = self._counter(
+            "strategy_reflections",
+            "SGE: a group's reflection asked for: shown, empty (none yet), unavailable",
+            ("outcome",),
+        )
         self.last_score = self._gauge("last_episode_score", "Score of the last finished episode")
         self.step_seconds = self._histogram("step_seconds", "Wall time of one turn (generate + env step)", _SECONDS)
 
@@ -205,6 +214,10 @@ class MemoryServiceMetrics(RoleMetrics):
         self.memory_entries = Gauge(
             "empo2_memory_service_memory_entries", "Entries per memory", ["memory"], registry=self.registry
         )
+        self.strategies = self._gauge("strategies", "SGE: episodes' opening strategies stored, all tasks")
+        self.strategy_reflections = self._counter(
+            "strategy_reflections", "SGE: reflections served (a group's members share one)"
+        )
 
 
 class LearnerMetrics(RoleMetrics):
@@ -226,6 +239,12 @@ class LearnerMetrics(RoleMetrics):
         self.loss = self._gauge("loss", "Last policy loss")
         self.step_seconds = self._histogram("step_seconds", "Wall time of one optimizer step", _SECONDS)
         self.push_seconds = self._histogram("weight_push_seconds", "Wall time of one weight push", _SECONDS)
+        self.server_version_lag = Gauge(
+            "empo2_learner_server_version_lag",
+            "Versions a policy server is behind the learner (background pushes: the last version it confirmed)",
+            ["server"],
+            registry=self.registry,
+        )
         self.catch_up_pushes = self._counter(
             "catch_up_pushes", "Pushes of the current weights to one server found behind (restarted) in a batch wait"
         )
@@ -239,6 +258,12 @@ class LearnerMetrics(RoleMetrics):
             registry=self.registry,
         )
         # the low-probability mask by mode (learner/step.py, StepStats.masked_fraction_<mode>), mode="all" overall
+        self.score_by_strategy_temperature = Gauge(
+            "empo2_learner_score_by_strategy_temperature",
+            "SGE: mean episode score of the last batch's episodes whose strategies were sampled at this temperature",
+            ["temperature"],
+            registry=self.registry,
+        )
         self.masked_fraction = Gauge(
             "empo2_learner_masked_fraction",
             "Fraction of turn samples dropped by the low-probability mask, by mode: all, on_policy, "
@@ -259,6 +284,7 @@ class LearnerMetrics(RoleMetrics):
                 "behaviour_weight_capped_fraction": "Decoupled PPO: fraction of tokens over the weight cap",
                 "advantage_abs_mean": "Mean |advantage|",
                 "zero_advantage_fraction": "Fraction of the last batch's samples with advantage 0 (all-equal groups)",
+                "push_backlog": "Background pushes: policy servers that have not confirmed the newest version",
                 "logprob_mismatch_mean_nats": "Mean |vLLM - learner| log-prob on same-version on-policy tokens",
                 "logprob_mismatch_max_nats": "Max |vLLM - learner| log-prob on same-version on-policy tokens",
                 "staleness_mean_versions": "Mean policy-version lag of the batch",
@@ -271,6 +297,8 @@ class LearnerMetrics(RoleMetrics):
                 "distinct_actions_per_group": "Mean distinct actions a group's episodes executed (last batch)",
                 "collapsed_group_fraction": "Fraction of the last batch's groups whose episodes all have the same "
                 "state sequence (groups of two or more episodes)",
+                "strategies_per_episode": "SGE: mean strategies an episode of the last batch wrote",
+                "distinct_strategies_per_group": "SGE: mean distinct strategies of a group's episodes (last batch)",
             }.items()
         }
 
@@ -296,6 +324,8 @@ class LearnerMetrics(RoleMetrics):
         for name, value in record.items():
             if name.startswith("masked_fraction_") and value is not None:
                 self.masked_fraction.labels(name.removeprefix("masked_fraction_")).set(value)
+        for temperature, score in record.get("score_by_strategy_temperature", {}).items():
+            self.score_by_strategy_temperature.labels(temperature).set(score)
 
 
 class LaunchMetrics:

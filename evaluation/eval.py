@@ -113,6 +113,9 @@ def settings(cfg: PipelineConfig, policy: PolicyChoice) -> dict:
         "max_action_tokens": cfg.env_actor.max_action_tokens,
         "history_window": cfg.env_actor.history_window,
         "demonstration": cfg.env_actor.demonstration,
+        # SGE: a strategy before the actions (at the evaluation's temperature, without a reflection); named
+        # only when on, so the settings of the evaluations from before SGE still match
+        **({"strategies": True} if cfg.sge.enabled else {}),
     }
 
 
@@ -371,7 +374,7 @@ def run(cfg: PipelineConfig, overrides: list[str]) -> dict:
     launcher.log_dir = out / "logs"
     with ExitStack() as cleanup:
         cleanup.callback(launcher.stop)  # registered first, so it runs last and also after a partial start
-        pool = EnvActor(play_cfg.env_actor, play_cfg.env, run_facts(play_cfg))
+        pool = EnvActor(play_cfg.env_actor, play_cfg.env, run_facts(play_cfg), play_cfg.sge)
         cleanup.callback(pool.close)
         env = pool.workers[0].env
         assignments = plan(tasks, {t: env.test_variations(t) for t in tasks}, cfg.eval.variations, cfg.eval.episodes)

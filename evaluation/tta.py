@@ -166,7 +166,7 @@ def run(cfg: PipelineConfig, overrides: list[str]) -> list[TaskResult]:
         cleanup.callback(launcher.stop)  # registered first, so it runs last and also after a partial start
         launcher.start()
         # the env actor's episodes, requests, retrieval and reports (sampling at tta.temperature)
-        worker = EnvWorker(cfg.env_actor, cfg.env, run_facts(cfg))
+        worker = EnvWorker(cfg.env_actor, cfg.env, run_facts(cfg), sge=cfg.sge)
         cleanup.callback(worker.close)
         worker.open()  # the tokenizer and the JVM load while the servers start
         wait_for_servers(worker, launcher)

@@ -16,6 +16,11 @@ Per learner step, into the metrics log's "step" record and the empo2_learner_<na
     distinct_actions_per_group    mean over the groups of the distinct actions their episodes executed
     collapsed_group_fraction      fraction of the groups of two or more episodes whose episodes all have
                                   the same state sequence (None: no such group)
+SGE (actors/env_actor/strategy.py), None in a batch without strategies:
+    strategies_per_episode        mean strategies an episode wrote
+    distinct_strategies_per_group mean over the groups of their distinct strategy texts
+and, beside the gauges, score_by_strategy_temperature: the batch's mean episode score per strategy
+temperature (the spread of a group's members, sge.strategy_temperature_min..max).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ METRICS = (
     "distinct_states_per_group",
     "distinct_actions_per_group",
     "collapsed_group_fraction",
+    "strategies_per_episode",
+    "distinct_strategies_per_group",
 )
 
 
@@ -51,10 +58,33 @@ def episode_states(t: Trajectory) -> list[str]:
     ]
 
 
+def strategy_stats(trajectories: Sequence[Trajectory], groups: dict[str, list[int]]) -> dict:
+    """SGE's part of exploration_stats."""
+    written = [[s for s in t.strategies if s] for t in trajectories]
+    if not any(written):
+        return {
+            "strategies_per_episode": None,
+            "distinct_strategies_per_group": None,
+            "score_by_strategy_temperature": {},
+        }
+    by_temperature: dict[str, list[float]] = {}
+    for t in trajectories:
+        if t.strategy_temperature:
+            by_temperature.setdefault(f"{t.strategy_temperature:.2f}", []).append(t.score)
+    return {
+        "strategies_per_episode": statistics.fmean(map(len, written)),
+        "distinct_strategies_per_group": statistics.fmean(
+            len({s for i in members for s in written[i]}) for members in groups.values()
+        ),
+        "score_by_strategy_temperature": {k: statistics.fmean(v) for k, v in sorted(by_temperature.items())},
+    }
+
+
 def exploration_stats(trajectories: Sequence[Trajectory]) -> dict[str, float | None]:
-    """METRICS of a batch of trajectories (complete groups, by group_id); None for an empty batch."""
+    """METRICS of a batch of trajectories (complete groups, by group_id), and SGE's scores by strategy
+    temperature; None for an empty batch."""
     if not trajectories:
-        return dict.fromkeys(METRICS)
+        return {**dict.fromkeys(METRICS), "score_by_strategy_temperature": {}}
     states = [episode_states(t) for t in trajectories]
     groups: dict[str, list[int]] = {}
     for i, t in enumerate(trajectories):
@@ -73,4 +103,5 @@ def exploration_stats(trajectories: Sequence[Trajectory]) -> dict[str, float | N
         )
         if several
         else None,
+        **strategy_stats(trajectories, groups),
     }

@@ -50,6 +50,9 @@ class TurnSample:
     # update prompt (herl.train_context=stripped)
     hindsight: bool = False
     guidance_stripped: bool = False
+    # bool [T]: the response tokens the policy sampled (Trajectory.response_mask); the others (SGE's glue,
+    # put in by the actor) are scored as part of the chain but never trained or judged; None: all sampled
+    sampled: np.ndarray | None = None
 
     @property
     def update_is_behaviour_prompt(self) -> bool:
@@ -91,6 +94,11 @@ def scoring_temperatures(sampled: np.ndarray) -> np.ndarray:
     """The temperatures response tokens are scored at: those they were sampled at, where vLLM's processed
     log-probs are of logits / T; greedy sampling (T below vLLM's 1e-5) reports untempered ones."""
     return np.where(sampled >= GREEDY_BELOW, sampled, 1.0).astype(np.float32)
+
+
+def sampled_tokens(mask: np.ndarray) -> np.ndarray | None:
+    """TurnSample.sampled of a turn's response mask: None when every token was sampled (the usual turn)."""
+    return None if bool(np.all(mask == 1)) else mask.astype(bool)
 
 
 def finite_samples(samples: list[TurnSample]) -> tuple[list[TurnSample], int]:
@@ -139,6 +147,7 @@ def build_samples(
                         temperatures=scoring_temperatures(traj.turn_temperatures(i)),
                         hindsight=traj.hindsight,
                         guidance_stripped=stripped,
+                        sampled=sampled_tokens(traj.turn_response_mask(i)),
                     )
                 )
     return samples

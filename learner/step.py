@@ -363,6 +363,20 @@ class PreScores:
         return PreScores(pick(self.mask_logp_min), pick(self.ref_logp), pick(self.proximal_logp))
 
 
+def sampled_logp_min(sample: TurnSample, logp: torch.Tensor) -> float:
+    """The lowest log-prob among the tokens the policy sampled (the low-probability mask's judge; the
+    actor's glue is not judged); 0 when there are none."""
+    if sample.sampled is not None:
+        logp = logp[torch.from_numpy(sample.sampled).to(logp.device)]
+    return float(logp.min()) if logp.numel() else 0.0
+
+
+def sampled_mask(samples: list[TurnSample], lengths: list[int], device) -> torch.Tensor:
+    """[ΣT] bool: the tokens the policy sampled, over the samples' responses in order."""
+    parts = [np.ones(n, bool) if s.sampled is None else s.sampled for s, n in zip(samples, lengths)]
+    return torch.from_numpy(np.concatenate(parts or [np.ones(0, bool)])).to(device)
+
+
 def score_before_update(
     model,
     ref_model,
@@ -392,7 +406,10 @@ def score_before_update(
         return out
 
     tipfree = per_sample([seg for seg in segs if any(judged_tipfree(i) for i in seg)], True, model)
-    mask_logp_min = [float(lp.min()) if lp is not None and judged_tipfree(i) else None for i, lp in enumerate(tipfree)]
+    mask_logp_min = [
+        sampled_logp_min(samples[i], lp) if lp is not None and judged_tipfree(i) else None
+        for i, lp in enumerate(tipfree)
+    ]
     ref_logp = None if ref_model is None else per_sample(segs, False, ref_model)
     proximal_logp = per_sample(segs, False, model) if proximal else None
     return PreScores(mask_logp_min, ref_logp, proximal_logp)
@@ -428,19 +445,25 @@ def micro_batch_loss(
     # log πθold(a_t | s, tips if shown): what the policy server sampled with
     behaviour_logp = torch.from_numpy(np.concatenate([s.behaviour_logp for s in batch])).to(device)  # [ΣT]
     per_sample = list(zip(samples, logp.detach().split(lengths.tolist()), behaviour_logp.split(lengths.tolist())))
+    sampled = sampled_mask(batch, lengths.tolist(), device)  # [ΣT] the tokens the policy sampled (not SGE's glue)
     # the engines' mismatch, where the learner scores what the server scored with the same weights
-    gaps = [(lp - b).abs() for s, lp, b in per_sample if s.policy_version == version and s.update_is_behaviour_prompt]
+    gaps = [
+        (lp - b).abs()[m]
+        for (s, lp, b), m in zip(per_sample, sampled.split(lengths.tolist()))
+        if s.policy_version == version and s.update_is_behaviour_prompt
+    ]
     # low-probability mask (Figure 6): a sample the rule judges leaves whole if min_t log πθ(a_t | ·) < τ, on
     # its update prompt (the tip-free pre-score of an on-policy-with-tips sample under tip_rollouts)
     kept = [
         low_probability_mask(
-            m if m is not None else float(lp.min()),
+            m if m is not None else sampled_logp_min(s, lp),
             mask_subject(cfg.low_prob_mask, memory_in_use, s.with_tips),
             cfg.low_prob_threshold,
         )
         for (s, lp, _), m in zip(per_sample, pre.mask_logp_min)
     ]
-    keep = torch.repeat_interleave(torch.tensor(kept or [False], device=device), lengths)  # [ΣT]
+    # [ΣT] the tokens in the loss: the kept samples' sampled tokens
+    keep = torch.repeat_interleave(torch.tensor(kept or [False], device=device), lengths) & sampled
     advantages = torch.repeat_interleave(
         torch.tensor([s.advantage for s in batch], dtype=torch.float32, device=device), lengths
     )  # [ΣT] A of each token's sample

@@ -1,8 +1,8 @@
 """Memory service: the current policy reflects on finished episodes; tips are stored and served.
 
 Socket: ROUTER bound at endpoints.memory_service.
-  in : Ping, MemoryQuery (env actors), EpisodeReport (env actors)
-  out: Pong, MemoryResult, Ack, ErrorReply
+  in : Ping, MemoryQuery (env actors), EpisodeReport (env actors), StrategyQuery (env actors, SGE)
+  out: Pong, MemoryResult, Ack, StrategyResult, ErrorReply
 Client: DEALER to the policy servers (GenerateRequest for reflections, round-robin).
 
 Episode reports are acknowledged once queued, and the queue is persisted (the store's SQLite
@@ -10,6 +10,10 @@ database, WAL) before the Ack: a killed service resumes it at restart. A worker 
 policy for the reflection, embeds the episode's states and stores one entry per step, removing
 the report from the queue in the same transaction; a failed reflection is tried again up to
 memory_service.reflection_attempts times. Actors never wait on it.
+
+SGE (sge.enabled): a report's opening strategy is stored with its score before the Ack
+(memory_service/strategies.py), and a report with reflect=false (no rollout reads tips: GRPO + SGE)
+is not queued for a reflection at all. A StrategyQuery is answered with the group's reflection.
 
 Run: `empo2-memory-service [key=value ...]`.
 """
@@ -26,7 +30,7 @@ import numpy as np
 import zmq
 from threadpoolctl import threadpool_limits
 
-from common.config import RunFacts
+from common.config import RunFacts, SgeConfig
 from common.logs import short_id
 from common.metrics import MemoryServiceMetrics
 from common.model_prep import resolve_model
@@ -35,9 +39,21 @@ from common.server import serve_requests
 from memory_service.config import MemoryServiceConfig
 from memory_service.embedder import Embedder
 from memory_service.store import Entry, MemoryStore, memory_key
+from memory_service.strategies import StrategyStore
 from protocol import Client, ProtocolError, RemoteError, decode, encode
 from protocol.codec import pack_frames, unpack_frames
-from protocol.messages import Ack, EpisodeReport, GenerateRequest, MemoryQuery, MemoryResult, Ping, Pong, Wait
+from protocol.messages import (
+    Ack,
+    EpisodeReport,
+    GenerateRequest,
+    MemoryQuery,
+    MemoryResult,
+    Ping,
+    Pong,
+    StrategyQuery,
+    StrategyResult,
+    Wait,
+)
 
 log = logging.getLogger("memory_service")
 
@@ -120,10 +136,12 @@ def tip_text(reflection: str, action: str, score: float) -> str:
 
 
 class MemoryService:
-    def __init__(self, memory_service: MemoryServiceConfig, run: RunFacts):
-        self.mcfg, self.run_facts = memory_service, run
+    def __init__(self, memory_service: MemoryServiceConfig, run: RunFacts, sge: SgeConfig | None = None):
+        self.mcfg, self.run_facts, self.sge = memory_service, run, sge or SgeConfig()
         self.metrics = MemoryServiceMetrics()
         self.store = MemoryStore(run.run_path(self.mcfg.db_file), self.mcfg.capacity)
+        self.strategies = StrategyStore(run.run_path(self.mcfg.db_file), self.mcfg.capacity)
+        self.metrics.strategies.set(self.strategies.count())
         self.embedder = Embedder(self.mcfg.embedder)
         # One BLAS thread for the vector search: with two, OpenBLAS's spinning threads fight torch's
         # embedding threads for the cores (benchmarks/README.md: query p50 43.9 -> 16.4 ms at 10k).
@@ -148,16 +166,25 @@ class MemoryService:
             Ping: self.ping,
             MemoryQuery: self.retrieve,
             EpisodeReport: self.queue_report,
+            StrategyQuery: self.reflect_strategies,
         }
 
     # ---------------------------------------------------------------- request loop (main thread)
     def run(self) -> None:
         threading.Thread(target=self._reflection_worker, name="reflection", daemon=True).start()
         log.info("memory service on %s", self.run_facts.endpoints.memory_service)
-        serve_requests(self.run_facts.endpoints.memory_service, self.handlers, self.metrics, self.limits)
+        serve_requests(
+            self.run_facts.endpoints.memory_service,
+            self.handlers,
+            self.metrics,
+            self.limits,
+            batched={MemoryQuery: self.retrieve_batch},
+            max_batch=self.mcfg.query_batch,
+        )
 
     def close(self) -> None:
         self.store.close()
+        self.strategies.close()
 
     def ping(self, msg: Ping) -> Pong:
         return Pong(role="memory_service", policy_version=-1, ready=True)
@@ -195,7 +222,14 @@ class MemoryService:
     def queue_report(self, report: EpisodeReport) -> Ack | Wait:
         """Persisted in the store's queue before the Ack; the reflection worker reflects on it and
         stores its entries later. A full queue (in bytes) answers Wait: the actor's report is not
-        taken. A report of an episode already queued is acknowledged and not queued twice."""
+        taken. A report of an episode already queued is acknowledged and not queued twice. SGE: its
+        strategy is stored first; with reflect=false that is all."""
+        if report.strategy and self.strategies.add(
+            report.episode_id, report.task, report.variation, report.strategy, report.score, report.strategy_temperature
+        ):
+            self.metrics.strategies.inc()
+        if not report.reflect:
+            return Ack(ref=report.episode_id, detail="strategy stored" if report.strategy else "nothing to store")
         if not self.admit_report(report):
             self.metrics.rejected.labels("queue_full").inc()
             return Wait(retry_after_s=REPORT_RETRY_S, reason="the reflection queue is full")
@@ -209,12 +243,29 @@ class MemoryService:
         return Ack(ref=report.episode_id, detail="queued for reflection")
 
     def retrieve(self, query: MemoryQuery) -> MemoryResult:
-        key = memory_key(self.mcfg.key, query.task, query.variation)
-        vector = self.embed([query.state])[0]
-        hits = self.store.retrieve(key, vector, self.mcfg.similarity_threshold, self.mcfg.top_k)
-        self.metrics.retrievals.inc()
-        self.metrics.hits.observe(len(hits))
-        return MemoryResult(tips=[e.tip for e, _ in hits], scores=[e.score for e, _ in hits], count=len(hits))
+        return self.retrieve_batch([query])[0]
+
+    def retrieve_batch(self, queries: list[MemoryQuery]) -> list[MemoryResult]:
+        """The queries waiting together (memory_service.query_batch), their states embedded in one call."""
+        vectors = self.embed([q.state for q in queries])
+        results = []
+        for query, vector in zip(queries, vectors):
+            key = memory_key(self.mcfg.key, query.task, query.variation)
+            hits = self.store.retrieve(key, vector, self.mcfg.similarity_threshold, self.mcfg.top_k)
+            self.metrics.hits.observe(len(hits))
+            results.append(
+                MemoryResult(tips=[e.tip for e, _ in hits], scores=[e.score for e, _ in hits], count=len(hits))
+            )
+        self.metrics.retrievals.inc(len(queries))
+        return results
+
+    def reflect_strategies(self, query: StrategyQuery) -> StrategyResult:
+        """SGE's reflection for a group: the first member's answer is kept for the others."""
+        shown = self.strategies.reflection(
+            query.group_id, query.task, self.sge.reflection_best, self.sge.reflection_recent
+        )
+        self.metrics.strategy_reflections.inc()
+        return StrategyResult(strategies=[s for s, _ in shown], scores=[score for _, score in shown])
 
     # ------------------------------------------------------------ reflection (worker thread)
     def _reflection_worker(self) -> None:
@@ -337,5 +388,5 @@ class MemoryService:
         return added
 
 
-def main(memory_service: MemoryServiceConfig, run: RunFacts) -> None:
-    run_role("memory_service", run, lambda: MemoryService(memory_service, run))
+def main(memory_service: MemoryServiceConfig, sge: SgeConfig, run: RunFacts) -> None:
+    run_role("memory_service", run, lambda: MemoryService(memory_service, run, sge))

@@ -34,6 +34,7 @@ from common.config import (
     PipelineModeConfig,
     RunFacts,
     SecurityConfig,
+    SgeConfig,
     WeightSyncConfig,
     at_least,
     check,
@@ -45,6 +46,7 @@ from learner.config import LearnerConfig
 from memory_service.config import MemoryServiceConfig
 from protocol.messages import DoorLimits
 from replay_buffer.config import ReplayBufferConfig
+from spa.config import SpaConfig
 
 
 @dataclass
@@ -68,6 +70,8 @@ class PipelineConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     pipeline: PipelineModeConfig = field(default_factory=PipelineModeConfig)
     herl: HerlConfig = field(default_factory=HerlConfig)
+    sge: SgeConfig = field(default_factory=SgeConfig)
+    spa: SpaConfig = field(default_factory=SpaConfig)
 
     def run_path(self, *parts: str) -> Path:
         return run_path(self.run_dir, *parts)

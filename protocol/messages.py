@@ -28,6 +28,10 @@ TIP_MODES = (ON_POLICY_TIPS, OFF_POLICY)  # the rollouts that retrieve tips and 
 GUIDED = "guided"
 EPISODE_MODES = (*MODES, GUIDED)  # every mode an episode is played in
 MAX_GUIDANCE_CHARS = 4096
+# SGE (actors/env_actor/strategy.py): a turn's strategy text, as the trajectory and the memory keep it
+MAX_STRATEGY_CHARS = 2048
+# SGE's reflection: the earlier strategies a StrategyResult lists at most
+MAX_REFLECTED_STRATEGIES = 32
 
 # An episode is a success when the environment ended it (done) with a score above this: the reference
 # wrapper's definition (empo2.md, "Reference experimental setup").
@@ -188,12 +192,16 @@ class GenerateRequest(Message):
     seed: int  # per-request seed: identical prompts with identical seeds sample identically
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)  # extra stop strings
+    # tokens generated before a stop string or the end of sequence may end it: SGE's action after its
+    # strategy (a small model's first token there is often the line break, the action's own stop)
+    min_tokens: int = 0
 
     def validate(self) -> None:
         _check(self.prompt_token_ids.ndim == 1 and self.prompt_token_ids.size > 0, "empty prompt")
         _check(self.prompt_token_ids.dtype == np.int32, "prompt_token_ids must be int32")
         _check(int(self.prompt_token_ids.min()) >= 0, "negative token id")
         _check(0 < self.max_tokens <= 4096, f"max_tokens {self.max_tokens} out of (0, 4096]")
+        _check(0 <= self.min_tokens <= self.max_tokens, "min_tokens out of [0, max_tokens]")
         _check(0.0 <= self.temperature <= MAX_TEMPERATURE, f"temperature out of [0, {MAX_TEMPERATURE}]")
         _check(0.0 < self.top_p <= 1.0, "top_p out of (0, 1]")
         _check(_short(self.request_id, *self.stop) and len(self.stop) <= MAX_STOP_STRINGS, "request id or stop strings")
@@ -397,16 +405,17 @@ class Assignment(Message):
     # the rollout's sampling temperature; None: the actor's env_actor.temperature (HeRL's guided
     # episodes: herl.temperature)
     temperature: float | None = None
+    # SGE: the temperature this member samples its strategies at (the group's members spread over
+    # sge.strategy_temperature_min..max); None: no strategies (SGE off)
+    strategy_temperature: float | None = None
 
     def validate(self) -> None:
         _check(self.mode in EPISODE_MODES, f"unknown mode {self.mode!r}")
         _check(self.slot >= 0 and self.variation >= 0, "negative slot or variation")
         _check(bool(self.guidance) == (self.mode == GUIDED), "guidance is given with a guided assignment only")
         _check(len(self.guidance) <= MAX_GUIDANCE_CHARS, f"guidance longer than {MAX_GUIDANCE_CHARS} characters")
-        _check(
-            self.temperature is None or 0.0 <= self.temperature <= MAX_TEMPERATURE,
-            f"temperature out of [0, {MAX_TEMPERATURE}]",
-        )
+        for t in (self.temperature, self.strategy_temperature):
+            _check(t is None or 0.0 <= t <= MAX_TEMPERATURE, f"temperature out of [0, {MAX_TEMPERATURE}]")
 
 
 @register
@@ -441,6 +450,10 @@ class TurnRecord:
     location: str = ""  # the room after the action (Trajectory.locations)
     inventory: str = ""  # the inventory after the action (Trajectory.inventories)
     temperature: float = 1.0  # the response's sampling temperature (GenerateResponse.temperature)
+    # a response in parts (SGE: strategy, then action): per token, where they differ from the above
+    temperatures: np.ndarray | None = None  # float32 [T]; None: `temperature` for every token
+    response_mask: np.ndarray | None = None  # uint8 [T]; None: every token sampled
+    strategy: str = ""  # SGE: the strategy written at this turn ("" if none)
 
 
 @register
@@ -519,6 +532,15 @@ class Trajectory(Message):
     # the "potential for improvement" of its revision
     hindsight: bool = False
     score_bonus: float = 0.0
+    # uint8 [sum T_i], like behaviour_logprobs: 1 where the policy sampled the token, 0 where the actor put
+    # it in (SGE's glue: the strategy's opening and closing tags and the line break before the action,
+    # actors/env_actor/strategy.py). A 0 token is part of the chain the model read but is never trained or
+    # judged: its behaviour log-prob is 0 and means nothing. Derived: 1 per token.
+    response_mask: np.ndarray | None = None
+    # SGE: each turn's strategy ("" where the turn wrote none), at most MAX_STRATEGY_CHARS, and the
+    # temperature this episode sampled its strategies at (0: no strategies). Derived: "" per turn.
+    strategies: list[str] | None = None
+    strategy_temperature: float = 0.0
 
     def __post_init__(self) -> None:
         if self.phase_seconds is None:
@@ -537,6 +559,10 @@ class Trajectory(Message):
             self.inventories = [""] * self.num_turns
         if self.temperatures is None:
             self.temperatures = np.ones(self.response_token_ids.size, np.float32)
+        if self.response_mask is None:
+            self.response_mask = np.ones(self.response_token_ids.size, np.uint8)
+        if self.strategies is None:
+            self.strategies = [""] * self.num_turns
 
     @property
     def num_turns(self) -> int:
@@ -575,7 +601,17 @@ class Trajectory(Message):
             chain_starts=np.asarray([t.chain_start for t in turns], np.uint8),
             locations=[t.location for t in turns],
             inventories=[t.inventory for t in turns],
-            temperatures=packed([np.full(len(t.response_ids), t.temperature) for t in turns], np.float32)[0],
+            temperatures=packed(
+                [
+                    np.full(len(t.response_ids), t.temperature) if t.temperatures is None else t.temperatures
+                    for t in turns
+                ],
+                np.float32,
+            )[0],
+            response_mask=packed(
+                [np.ones(len(t.response_ids)) if t.response_mask is None else t.response_mask for t in turns], np.uint8
+            )[0],
+            strategies=[t.strategy for t in turns],
         )
 
     def validate(self) -> None:
@@ -630,6 +666,16 @@ class Trajectory(Message):
         _check(
             bool(np.all((temps >= 0) & (temps <= MAX_TEMPERATURE))), f"temperatures must be in [0, {MAX_TEMPERATURE}]"
         )
+        mask = self.response_mask
+        _check(
+            mask.dtype == np.uint8 and mask.shape == self.response_token_ids.shape and bool(np.all(mask <= 1)),
+            "response_mask must be uint8, 0 or 1, one per response token",
+        )
+        _check(
+            len(self.strategies) == n and all(len(s) <= MAX_STRATEGY_CHARS for s in self.strategies),
+            f"strategies: one per turn, at most {MAX_STRATEGY_CHARS} characters each",
+        )
+        _check(0.0 <= self.strategy_temperature <= MAX_TEMPERATURE, "strategy_temperature out of range")
         for name, texts, limit in (
             ("a location", self.locations, MAX_LOCATION_CHARS),
             ("an inventory", [*self.inventories, self.start_inventory], MAX_INVENTORY_CHARS),
@@ -683,6 +729,9 @@ class Trajectory(Message):
 
     def turn_temperatures(self, i: int) -> np.ndarray:
         return self.temperatures[self.response_offsets[i] : self.response_offsets[i + 1]]
+
+    def turn_response_mask(self, i: int) -> np.ndarray:
+        return self.response_mask[self.response_offsets[i] : self.response_offsets[i + 1]]
 
     def turn_tip_spans(self, i: int) -> list[tuple[int, int]]:
         return [(s, e) for t, s, e in self.tip_spans.tolist() if t == i]
@@ -803,9 +852,16 @@ class EpisodeReport(Message):
     score: float
     observations: list[str]  # state at each step: the retrieval keys
     actions: list[str]  # action taken at each step
+    # SGE: the episode's opening strategy, stored with its score for the reflection of later groups
+    # (StrategyQuery); "": none. `reflect`: write tips on it (EMPO2's memory in use), else only the strategy
+    strategy: str = ""
+    strategy_temperature: float = 0.0
+    reflect: bool = True
 
     def validate(self) -> None:
         _check(len(self.observations) == len(self.actions) > 0, "one observation per action")
+        _check(len(self.strategy) <= MAX_STRATEGY_CHARS, f"strategy longer than {MAX_STRATEGY_CHARS} characters")
+        _check(0.0 <= self.strategy_temperature <= MAX_TEMPERATURE, "strategy_temperature out of range")
         _check(_short(self.episode_id, self.task) and self.variation >= 0, "id or task too long, or negative variation")
         _finite_score(self.score)
 
@@ -815,3 +871,38 @@ class EpisodeReport(Message):
         limits.texts("observations", self.observations, limits.max_observation_len)
         limits.texts("actions", self.actions, limits.max_action_len)
         limits.texts("task_description", [self.task_description], limits.max_task_description_len)
+
+
+@register
+@dataclass
+class StrategyQuery(Message):
+    """SGE's reflection for a group: the earlier strategies of its task with their scores. Every member
+    of a group asks with the group's id and gets the same answer (the first member's, kept by the
+    service), so the group shares its context as GRPO's advantage assumes. Env actor -> memory service."""
+
+    KIND = "strategy_query"
+    group_id: str
+    task: str
+    variation: int
+
+    def validate(self) -> None:
+        _check(_short(self.group_id, self.task) and self.variation >= 0, "id or task too long, or negative variation")
+
+    def check(self, limits: DoorLimits) -> None:
+        limits.task(self.task)
+
+
+@register
+@dataclass
+class StrategyResult(Message):
+    """The best and the most recent earlier strategies of the task, each with the score of the episode
+    that followed it. Memory service -> env actor."""
+
+    KIND = "strategy_result"
+    strategies: list[str]
+    scores: list[float]
+
+    def validate(self) -> None:
+        _check(len(self.strategies) == len(self.scores) <= MAX_REFLECTED_STRATEGIES, "strategies/scores")
+        _check(all(len(s) <= MAX_STRATEGY_CHARS for s in self.strategies), "a strategy is too long")
+        _check(all(math.isfinite(s) for s in self.scores), "scores must be finite")

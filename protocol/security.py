@@ -68,6 +68,7 @@ SENDERS: dict[str, frozenset[str]] = {
     "batch_confirm": frozenset({"learner"}),
     "memory_query": _ACTORS,
     "episode_report": _ACTORS,
+    "strategy_query": _ACTORS,  # SGE's reflection for a group
 }
 
 

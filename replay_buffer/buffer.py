@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 
-from common.config import HerlConfig
+from common.config import HerlConfig, SgeConfig
 from protocol import ProtocolError, decode
 from protocol.codec import pack_frames, unpack_frames
 from protocol.messages import (
@@ -90,6 +90,7 @@ class ReplayBuffer:
         seed: int,
         sync_groups: int = 0,
         herl: HerlConfig | None = None,
+        sge: SgeConfig | None = None,
     ):  # seed: the run's
         """sync_groups > 0: the synchronous baseline (pipeline.mode=sync, sync_groups = the learner's
         groups_per_step): one batch of groups per policy version (a round), the next round opened by
@@ -111,6 +112,7 @@ class ReplayBuffer:
         self.episode_ids: set[str] = set()
         self.herl = herl if herl is not None and herl.enabled else None
         self.hindsight = HindsightCounts()
+        self.sge = sge if sge is not None and sge.enabled else None
 
     def assign(self, now: float) -> tuple[Assignment | None, bool]:
         """Next slot to play, oldest group first; (None, False) when max_open_groups are all
@@ -146,10 +148,22 @@ class ReplayBuffer:
 
     def _assignment(self, group: Group, slot: int) -> Assignment:
         seed = self.rng.randrange(SEED_RANGE)
+        # SGE: the members spread their strategy temperatures over the configured range (a guided
+        # revision takes its candidate's place in the spread)
+        size = self.cfg.group_size
+        strategy_temperature = self.sge.strategy_temperature(slot % size, size) if self.sge else None
+        a = Assignment(
+            group.group_id,
+            slot,
+            group.task,
+            group.variation,
+            group.mode,
+            seed,
+            strategy_temperature=strategy_temperature,
+        )
         if slot in group.guided:
-            guidance, temperature = group.guidance[slot], self.herl.temperature
-            return Assignment(group.group_id, slot, group.task, group.variation, GUIDED, seed, guidance, temperature)
-        return Assignment(group.group_id, slot, group.task, group.variation, group.mode, seed)
+            a.mode, a.guidance, a.temperature = GUIDED, group.guidance[slot], self.herl.temperature
+        return a
 
     def add(self, traj: Trajectory, nbytes: int = 0) -> bool:
         """Accept a trajectory (`nbytes`: its encoded size, for packing batches); False if it is

@@ -27,7 +27,7 @@ import logging
 import time
 from dataclasses import replace
 
-from common.config import EnvConfig, HerlConfig, RunFacts
+from common.config import EnvConfig, HerlConfig, RunFacts, SgeConfig
 from common.metrics import ReplayBufferMetrics
 from common.model_prep import model_vocab_size
 from common.process import run_role
@@ -75,13 +75,14 @@ class BufferProcess:
         variations: dict[str, list[int]],
         vocab_size: int = 0,
         herl: HerlConfig | None = None,
+        sge: SgeConfig | None = None,
     ):
         # validated at load: e.g. max_ready_groups >= learner.groups_per_step
         self.bcfg, self.run_facts = replay_buffer, run
         # every message is checked against these (common/server.py)
         self.limits = replace(run.door, vocab_size=vocab_size)
         sync_groups = run.groups_per_step if run.sync else 0  # pipeline.mode=sync: one batch per policy version
-        self.buffer = ReplayBuffer(replay_buffer, variations, run.seed, sync_groups, herl)
+        self.buffer = ReplayBuffer(replay_buffer, variations, run.seed, sync_groups, herl, sge)
         self.metrics = ReplayBufferMetrics()
         log_path = run.run_path(replay_buffer.log_file)
         self.report_replay(log_path, BufferLog.replay(log_path, self.buffer))
@@ -315,7 +316,7 @@ def train_variations(tasks: list[str], simplification: str) -> dict[str, list[in
         env.close()
 
 
-def main(replay_buffer: ReplayBufferConfig, env: EnvConfig, herl: HerlConfig, run: RunFacts) -> None:
+def main(replay_buffer: ReplayBufferConfig, env: EnvConfig, herl: HerlConfig, sge: SgeConfig, run: RunFacts) -> None:
     model = run.model
     run_role(
         "replay_buffer",
@@ -326,5 +327,6 @@ def main(replay_buffer: ReplayBufferConfig, env: EnvConfig, herl: HerlConfig, ru
             train_variations(replay_buffer.tasks, env.simplification),
             model_vocab_size(model.name, model.cache_dir or None),
             herl,
+            sge,
         ),
     )

@@ -3,6 +3,7 @@ talks to the servers."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,24 +47,33 @@ class EnvActorConfig:
     policy_retry_after_s: float = 60.0
     upload_retries: int = 20  # a finished episode is retried this often before the actor fails
 
-    def prompt_budget(self, max_model_len: int) -> int:
+    def prompt_budget(self, max_model_len: int, response_tokens: int | None = None) -> int:
         """Tokens an action prompt may take: prompt_token_budget, or what the policy server's
-        context (policy_server.max_model_len) leaves after the action."""
-        return self.prompt_token_budget or max_model_len - self.max_action_tokens
+        context (policy_server.max_model_len) leaves after the response (`response_tokens`, a turn
+        format's cap; default the action's)."""
+        return self.prompt_token_budget or max_model_len - (response_tokens or self.max_action_tokens)
 
     def action_request(
-        self, request_id: str, prompt_ids: np.ndarray, seed: int, temperature: float | None = None
+        self,
+        request_id: str,
+        prompt_ids: np.ndarray,
+        seed: int,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        stop: Sequence[str] | None = None,
+        min_tokens: int = 0,
     ) -> GenerateRequest:
         """The request for one action, as every env actor sends it (and the benchmarks measure it):
         the action's token cap, the newline stop when stop_at_newline, `temperature` or this
-        section's."""
+        section's. Another response (a turn format's, SGE's strategy) gives its own cap and stops."""
         return GenerateRequest(
             request_id=request_id,
             prompt_token_ids=prompt_ids,
-            max_tokens=self.max_action_tokens,
+            max_tokens=self.max_action_tokens if max_tokens is None else max_tokens,
             temperature=self.temperature if temperature is None else temperature,
             seed=seed,
-            stop=["\n"] if self.stop_at_newline else [],
+            stop=list(stop) if stop is not None else ["\n"] if self.stop_at_newline else [],
+            min_tokens=min_tokens,
         )
 
     def validate(self) -> None:

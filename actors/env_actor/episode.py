@@ -13,7 +13,9 @@ import numpy as np
 
 from actors.env_actor.config import EnvActorConfig
 from actors.env_actor.prompts import Demonstration, PromptBuilder, TaskContext, executed_note
-from common.config import EnvConfig, RunFacts
+from actors.env_actor.strategy import STRATEGY_INSTRUCTIONS, StrategicResponse, Strategist
+from actors.env_actor.turn_format import ACTION, TurnFormat
+from common.config import EnvConfig, RunFacts, SgeConfig
 from common.model_prep import resolve_model
 from common.scienceworld import ScienceWorld, most_similar_action
 from protocol.messages import (
@@ -50,6 +52,7 @@ class Turn:
     chain_start: bool  # the prompt does not extend the previous turn's prompt and response
     location: str = ""  # after the action: the room the agent is in
     inventory: str = ""  # after the action: the env's inventory text
+    strategic: StrategicResponse | None = None  # SGE: the response's parts, when the turn wrote a strategy
 
 
 @dataclass
@@ -59,6 +62,9 @@ class EpisodeStats:
     tips_shown: int = 0
     step_seconds: list[float] = field(default_factory=list)
     prompt_tokens: list[int] = field(default_factory=list)  # each turn's prompt length
+    strategy_tokens: list[int] = field(default_factory=list)  # SGE: each strategy's sampled tokens
+    feedbacks: list[str] = field(default_factory=list)  # each action's feedback from the env (SPA's next state)
+    notes: list[str] = field(default_factory=list)  # each turn's user-message word on the action mapped before
     phase_seconds: dict[str, float] = field(default_factory=dict)  # ROLLOUT_PHASES of the turns, summed
 
     def timed(self, phase: str, t0: float) -> float:
@@ -81,7 +87,8 @@ class Episode:
 class EpisodeRunner:
     """One episode at a time on one env. demo_steps: None = no demonstration in the prompt; 0 = the
     whole gold path of the demonstration variation; N = its first N actions (env_actor.demonstration,
-    env_actor.demo_max_steps)."""
+    env_actor.demo_max_steps). turn_format: how a response is asked for and read (the caller's
+    generate asks with its cap and stop strings; actors/env_actor/turn_format.py)."""
 
     def __init__(
         self,
@@ -90,10 +97,15 @@ class EpisodeRunner:
         max_steps: int,
         max_steps_per_task: dict[str, int] | None = None,
         demo_steps: int | None = None,
+        sge: SgeConfig | None = None,
+        turn_format: TurnFormat = ACTION,
     ):
         self.env, self.prompts = env, prompts
         self.max_steps, self.max_steps_per_task = max_steps, dict(max_steps_per_task or {})
         self.demo_steps = demo_steps
+        self.sge = sge if sge is not None and sge.enabled else None
+        self.strategist = Strategist(prompts.tokenizer) if self.sge else None
+        self.turn_format = turn_format  # how a response is asked for and read (SPA's world-model turns)
         self._task_parts: dict[str, tuple[list[int], dict[int, Demonstration], list[str]]] = {}
 
     def step_limit(self, task: str) -> int:
@@ -130,13 +142,26 @@ class EpisodeRunner:
         return self._task_parts[task]
 
     def play(
-        self, a: Assignment, actor_id: str, generate: GenerateFn, retrieve: RetrieveFn
+        self,
+        a: Assignment,
+        actor_id: str,
+        generate: GenerateFn,
+        retrieve: RetrieveFn,
+        sge_generate: tuple[GenerateFn, GenerateFn] | None = None,
+        reflection: str = "",
     ) -> tuple[Trajectory, EpisodeStats]:
+        """One episode. SGE (sge.enabled): at the turns due the strategy comes from `sge_generate`'s first
+        function (the member's strategy temperature, stopping at the closing tag), then the action from
+        its second (`generate`'s request, at least one token before its stop); `reflection` is the
+        group's reflection block for the system part."""
         stats = EpisodeStats()
         demo, templates = self.prompt_parts(a.task, a.variation)
         result = self.env.reset(a.task, a.variation)
         start_inventory = result.inventory
-        chat = self.prompts.chat(TaskContext(self.env.task_description, demo, templates, a.guidance))
+        strategist = self.strategist if sge_generate is not None else None
+        instructions = self.turn_format.instructions + (f" {STRATEGY_INSTRUCTIONS}" if strategist else "")
+        ctx = TaskContext(self.env.task_description, demo, templates, a.guidance, instructions, reflection)
+        chat = self.prompts.chat(ctx)
         turns: list[Turn] = []
         note = ""  # the user turn's word on the action executed at the turn before, when it was mapped
         for t in range(self.step_limit(a.task)):
@@ -152,20 +177,30 @@ class EpisodeRunner:
                 tick = stats.timed("memory_retrieval", tick)
             prompt = chat.prompt(result.state, tips, note)
             stats.prompt_tokens.append(len(prompt.token_ids))
+            stats.notes.append(note)
             tick = stats.timed("prompt", tick)
-            response = generate(prompt.token_ids, a.seed * TURN_SEEDS + t)
+            seed, strategic = a.seed * TURN_SEEDS + t, None
+            if strategist is not None and self.sge.strategy_due(t):
+                strategic = strategist.turn(prompt.token_ids, seed, *sge_generate)
+                stats.strategy_tokens.append(strategic.strategy_tokens)
+                response, action_text = strategic.response, strategic.action_text
+            else:
+                response = generate(prompt.token_ids, seed)
+                action_text = self.turn_format.action_of(response.text)
             tick = stats.timed("generation", tick)
             chat.answered(result.state, tips, note, response.token_ids)
-            action, mapped = most_similar_action(response.text, result.valid_actions)
+            action, mapped = most_similar_action(action_text, result.valid_actions)
             stats.invalid_actions += int(mapped)
             note = executed_note(action) if mapped else ""
             turns.append(
                 Turn(
-                    prompt.token_ids, prompt.tip_spans, response, n, retrieved, result.state, action, prompt.chain_start
+                    prompt.token_ids, prompt.tip_spans, response, n, retrieved, result.state, action, prompt.chain_start,
+                    strategic=strategic,
                 )
-            )
+            )  # fmt: skip
             result = self.env.step(action)
             turns[-1].location, turns[-1].inventory = result.location, result.inventory
+            stats.feedbacks.append(result.observation)
             stats.timed("env_step", tick)
             stats.step_seconds.append(time.perf_counter() - t0)
             if result.done:
@@ -203,6 +238,9 @@ class EpisodeRunner:
                 location=t.location[:MAX_LOCATION_CHARS],
                 inventory=t.inventory[:MAX_INVENTORY_CHARS],
                 temperature=t.response.temperature,
+                temperatures=t.strategic.temperatures if t.strategic else None,
+                response_mask=t.strategic.mask if t.strategic else None,
+                strategy=t.strategic.strategy if t.strategic else "",
             )
             for t in turns
         ]
@@ -221,15 +259,25 @@ class EpisodeRunner:
             phase_seconds=dict(phase_seconds),
             start_inventory=start_inventory[:MAX_INVENTORY_CHARS],
             goal_progress=goal_progress[:MAX_GOAL_PROGRESS_CHARS],
+            strategy_temperature=(a.strategy_temperature or 0.0) if any(t.strategic for t in turns) else 0.0,
         )
 
 
-def open_episode_runner(env_actor: EnvActorConfig, env: EnvConfig, run: RunFacts) -> EpisodeRunner:
+def open_episode_runner(
+    env_actor: EnvActorConfig,
+    env: EnvConfig,
+    run: RunFacts,
+    sge: SgeConfig | None = None,
+    turn_format: TurnFormat = ACTION,
+) -> EpisodeRunner:
     """The env actor's episode logic over a fresh ScienceWorld; the caller closes runner.env (a JVM)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(run.model.name, run.model.cache_dir or None))
     world = ScienceWorld(env.simplification, step_limit=env.env_step_limit)
-    prompts = PromptBuilder(tokenizer, env_actor.history_window, env_actor.prompt_budget(run.max_model_len))
+    budget = env_actor.prompt_budget(run.max_model_len, turn_format.max_tokens)
+    if sge is not None and sge.enabled:  # the strategy and the actor's glue come before the action
+        budget -= sge.max_strategy_tokens + Strategist(tokenizer).max_glue_tokens()
+    prompts = PromptBuilder(tokenizer, env_actor.history_window, budget)
     demo_steps = env_actor.demo_max_steps if env_actor.demonstration else None
-    return EpisodeRunner(world, prompts, env.max_steps, env.task_limits(), demo_steps)
+    return EpisodeRunner(world, prompts, env.max_steps, env.task_limits(), demo_steps, sge, turn_format)

@@ -25,8 +25,9 @@ import zmq
 
 from actors.env_actor.config import EnvActorConfig
 from actors.env_actor.episode import Episode
+from actors.env_actor.turn_format import ACTION, TurnFormat
 from actors.env_actor.worker import EnvWorker, ServerChooser
-from common.config import EnvConfig, RunFacts
+from common.config import EnvConfig, RunFacts, SgeConfig
 from common.metrics import EnvActorMetrics
 from common.process import run_role
 from protocol.messages import (
@@ -47,13 +48,21 @@ class EnvActor:
     run() plays the replay buffer's assignments in one thread per env (the process's main);
     play_all() plays a given list of assignments on the pool, for an evaluation driver."""
 
-    def __init__(self, env_actor: EnvActorConfig, env: EnvConfig, run: RunFacts):
+    def __init__(
+        self,
+        env_actor: EnvActorConfig,
+        env: EnvConfig,
+        run: RunFacts,
+        sge: SgeConfig | None = None,
+        turn_format: TurnFormat = ACTION,
+    ):
         self.metrics = EnvActorMetrics()
         chooser = ServerChooser(
             len(run.endpoints.policy_servers), env_actor.server_selection, env_actor.policy_retry_after_s
         )
         self.workers = [
-            EnvWorker(env_actor, env, run, self.metrics, slot, chooser) for slot in range(env_actor.envs_per_actor)
+            EnvWorker(env_actor, env, run, self.metrics, slot, chooser, sge=sge, turn_format=turn_format)
+            for slot in range(env_actor.envs_per_actor)
         ]
         self._threads: dict[int, threading.Thread] = {}  # slot -> the thread of run() playing on it
 
@@ -148,5 +157,5 @@ class EnvActor:
         raise RuntimeError(f"an env thread stopped: {failures[0] if failures else 'unknown'}")
 
 
-def main(env_actor: EnvActorConfig, env: EnvConfig, run: RunFacts) -> None:
-    run_role(f"env_actor{env_actor.index}", run, lambda: EnvActor(env_actor, env, run))
+def main(env_actor: EnvActorConfig, env: EnvConfig, sge: SgeConfig, run: RunFacts) -> None:
+    run_role(f"env_actor{env_actor.index}", run, lambda: EnvActor(env_actor, env, run, sge))

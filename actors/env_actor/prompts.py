@@ -35,9 +35,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from actors.env_actor.turn_format import ACTION_ONLY
+
+# then the turn format's word on the response (TaskContext.format_instructions: the action only, by default)
 INSTRUCTIONS = (
     "You are an agent in ScienceWorld, a text-based science laboratory. Complete the task by issuing "
-    "one action per turn. Answer with the action only."
+    "one action per turn."
 )
 TIP_HEADER = "Here are some memories you collected in your previous exploration:"
 
@@ -76,6 +79,11 @@ class TaskContext:
     # HeRL's guided episode (Assignment.guidance): a block at the end of the system part, recorded as an
     # in-context span of every turn like a tip block (removed at update time under herl.train_context=stripped)
     guidance: str = ""
+    # the response format's instructions (actors/env_actor/turn_format.py; SGE's strategies add theirs)
+    format_instructions: str = ACTION_ONLY
+    # SGE (actors/env_actor/strategy.py): the group's reflection block (earlier strategies with their
+    # scores), an in-context span like the guidance's
+    reflection_block: str = ""
 
 
 @dataclass
@@ -100,7 +108,7 @@ class BuiltPrompt:
 
 
 def system_message(ctx: TaskContext) -> str:
-    parts = [INSTRUCTIONS, f"Task: {ctx.task}"]
+    parts = [f"{INSTRUCTIONS} {ctx.format_instructions}", f"Task: {ctx.task}"]
     demo = ctx.demonstration
     if demo is not None and demo.actions:
         steps = "\n".join(f"> {action}" for action in demo.actions)
@@ -188,10 +196,11 @@ class PromptBuilder:
         t = self.template
         ids = self._encode(t.system_open + system_message(ctx))
         spans: list[tuple[int, int]] = []
-        if ctx.guidance:
-            block = self._encode(format_guidance_block(ctx.task, ctx.guidance))
-            spans.append((len(ids), len(ids) + len(block)))
-            ids += block
+        for block_text in (format_guidance_block(ctx.task, ctx.guidance) if ctx.guidance else "", ctx.reflection_block):
+            if block_text:  # in-context help at the end of the system part: a span of every turn's prompt
+                block = self._encode(block_text)
+                spans.append((len(ids), len(ids) + len(block)))
+                ids += block
         ids += self._encode(t.system_end)
         users = [(turn.note + self._state(turn.state), turn.tips) for turn in shown] + [
             (note + self._state(state), tips)

@@ -8,14 +8,16 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import zmq
 
 from actors.env_actor.config import EnvActorConfig
 from actors.env_actor.episode import Episode, EpisodeRunner, open_episode_runner
-from common.config import EnvConfig, RunFacts
+from actors.env_actor.strategy import STRATEGY_CLOSE, format_reflection_block
+from actors.env_actor.turn_format import ACTION, TurnFormat
+from common.config import EnvConfig, RunFacts, SgeConfig
 from common.heartbeat import beat
 from common.logs import short_id
 from common.metrics import EnvActorMetrics
@@ -30,6 +32,8 @@ from protocol.messages import (
     GenerateResponse,
     MemoryQuery,
     MemoryResult,
+    StrategyQuery,
+    StrategyResult,
     Trajectory,
     Wait,
 )
@@ -55,15 +59,26 @@ class ServerChooser:
 
     A server whose request timed out (down or hung, e.g. SIGSTOPped) is passed over for
     `retry_after_s` (env_actor.policy_retry_after_s) while another one is up, so the retry and
-    the requests that follow fail over at once instead of each waiting out the timeout."""
+    the requests that follow fail over at once instead of each waiting out the timeout. A server
+    that answered with an older policy version than another did is passed over likewise while a
+    current one is up (the staleness rules handle what it played before)."""
 
     def __init__(self, num_servers: int, policy: str, retry_after_s: float):  # env_actor.server_selection (validated)
         self.in_flight = [0] * num_servers
         self.policy = policy
         self.retry_after_s = retry_after_s
         self.down_until = [0.0] * num_servers  # monotonic time until which a timed-out server is passed over
+        # the policy version each server answered with last, and when: a server behind the newest one seen
+        # (its background push still under way, learner.background_push) is passed over while another is
+        # current, for retry_after_s at most (then its next answer says where it is)
+        self.versions = [-1] * num_servers
+        self.version_seen = [0.0] * num_servers
         self._turn = itertools.count()
         self._lock = threading.Lock()
+
+    def answered(self, index: int, version: int) -> None:
+        with self._lock:
+            self.versions[index], self.version_seen[index] = version, time.monotonic()
 
     def acquire(self) -> int:
         with self._lock:
@@ -71,6 +86,11 @@ class ServerChooser:
             order = [(start + k) % len(self.in_flight) for k in range(len(self.in_flight))]
             now = time.monotonic()
             order = [i for i in order if self.down_until[i] <= now] or order  # all down: try them anyway
+            newest = max(self.versions)
+            current = [
+                i for i in order if self.versions[i] >= newest or now - self.version_seen[i] > self.retry_after_s
+            ]
+            order = current or order
             index = min(order, key=lambda i: self.in_flight[i]) if self.policy == "least_loaded" else order[0]
             self.in_flight[index] += 1
             return index
@@ -111,8 +131,12 @@ class EnvWorker:
         slot: int = 0,
         chooser: ServerChooser | None = None,
         runner: EpisodeRunner | None = None,
+        sge: SgeConfig | None = None,
+        turn_format: TurnFormat = ACTION,
     ):
         self.acfg, self.env_cfg, self.run_facts = env_actor, env, run
+        self.sge = sge if sge is not None and sge.enabled else None
+        self.turn_format = turn_format  # the runner's, when open() builds it
         self.actor_id = f"actor{self.acfg.index}" + (f".{slot}" if slot else "")
         self.metrics = metrics or EnvActorMetrics()
         ctx = zmq.Context.instance()
@@ -131,7 +155,7 @@ class EnvWorker:
     def open(self) -> EpisodeRunner:
         """The episode logic over this worker's own ScienceWorld, built on first use."""
         if self.runner is None:
-            self.runner = open_episode_runner(self.acfg, self.env_cfg, self.run_facts)
+            self.runner = open_episode_runner(self.acfg, self.env_cfg, self.run_facts, self.sge, self.turn_format)
         return self.runner
 
     @property
@@ -173,24 +197,59 @@ class EnvWorker:
     def play(self, assignment: Assignment, temperature: float | None = None) -> Episode:
         """One episode of `assignment` (task, variation, mode, seed) with the served policy,
         sampling at `temperature` (default: the assignment's, else env_actor.temperature); in the tip
-        modes every turn asks the memory service for tips, a guided one shows its guidance. Nothing
-        is uploaded or reported: run() does both."""
+        modes every turn asks the memory service for tips, a guided one shows its guidance. With SGE
+        the turns due write a strategy first, at the assignment's strategy temperature (a training
+        member's; an evaluation's: the actions' temperature), after the group's reflection when the
+        assignment comes from the buffer. Nothing is uploaded or reported: run() does both."""
         runner = self.open()
         temperature = assignment.temperature if temperature is None else temperature
+        turn = runner.turn_format
+        sge_generate, reflection = None, ""
+        if self.sge is not None:
+            strategy_temperature = assignment.strategy_temperature
+            if strategy_temperature is None:  # an evaluation's episode: no spread, no group to reflect for
+                strategy_temperature = self.acfg.temperature if temperature is None else temperature
+            elif self.sge.reflection:
+                reflection = self.reflection(assignment)
+
+            def generate_strategy(prompt_ids: np.ndarray, seed: int) -> GenerateResponse:
+                return self.generate(
+                    prompt_ids, seed, strategy_temperature, self.sge.max_strategy_tokens, [STRATEGY_CLOSE]
+                )
+
+            def generate_action(prompt_ids: np.ndarray, seed: int) -> GenerateResponse:
+                # after the strategy's line break a small model often starts with another: the action's stop
+                return self.generate(prompt_ids, seed, temperature, turn.max_tokens, turn.stop, min_tokens=1)
+
+            sge_generate = (generate_strategy, generate_action)
+
         trajectory, stats = runner.play(
             assignment,
             self.actor_id,
-            lambda prompt_ids, seed: self.generate(prompt_ids, seed, temperature),
+            lambda prompt_ids, seed: self.generate(prompt_ids, seed, temperature, turn.max_tokens, turn.stop),
             self.retrieve,
+            sge_generate,
+            reflection,
         )
         return Episode(trajectory, runner.env.task_description, stats)
 
-    def generate(self, prompt_ids: np.ndarray, seed: int, temperature: float | None = None) -> GenerateResponse:
-        """The next action's text from a policy server: the chooser picks the server; after a
-        timeout or a not_ready answer (a server starting, or waiting for the run's newest weights)
-        that server is passed over for env_actor.policy_retry_after_s and the retry goes to another
-        one. `temperature` defaults to env_actor.temperature."""
-        request = self.acfg.action_request(f"{self.actor_id}-{next(self._request_ids)}", prompt_ids, seed, temperature)
+    def generate(
+        self,
+        prompt_ids: np.ndarray,
+        seed: int,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        stop: Sequence[str] | None = None,
+        min_tokens: int = 0,
+    ) -> GenerateResponse:
+        """The next action's text from a policy server (or another response's: a turn format's, SGE's
+        strategy, with its cap and stop strings): the chooser picks the server; after a timeout or a
+        not_ready answer (a server starting, or waiting for the run's newest weights) that server is
+        passed over for env_actor.policy_retry_after_s and the retry goes to another one.
+        `temperature` defaults to env_actor.temperature."""
+        request = self.acfg.action_request(
+            f"{self.actor_id}-{next(self._request_ids)}", prompt_ids, seed, temperature, max_tokens, stop, min_tokens
+        )
         for attempt in itertools.count(1):
             index = self.chooser.acquire()
             try:
@@ -214,6 +273,7 @@ class EnvWorker:
             finally:
                 self.chooser.release(index)
             beat(self.actor_id)  # a turn's action: progress; a generation that never answers is not
+            self.chooser.answered(index, response.policy_version)
             self.metrics.messages_out.labels(request.KIND).inc()
             self.metrics.messages_in.labels(response.KIND).inc()
             self.metrics.policy_version.set(response.policy_version)
@@ -233,6 +293,24 @@ class EnvWorker:
         assert isinstance(result, MemoryResult)
         return result.tips, result.count
 
+    def reflection(self, a: Assignment) -> str:
+        """SGE's reflection block for the group of `a`: the earlier strategies of its task with their
+        scores, the same for every member (the memory service keeps the first member's answer). ""
+        when there are none yet, or the memory service does not answer (counted, like a retrieval)."""
+        if time.monotonic() < self._memory_down_until:
+            self.metrics.reflections.labels("unavailable").inc()
+            return ""
+        try:
+            result = self.memory.call(StrategyQuery(group_id=a.group_id, task=a.task, variation=a.variation))
+        except (RequestTimeout, RemoteError) as exc:
+            log.warning("no reflection (%s); memory passed over for %.0fs", exc, self.acfg.memory_retry_after_s)
+            self._memory_down_until = time.monotonic() + self.acfg.memory_retry_after_s
+            self.metrics.reflections.labels("unavailable").inc()
+            return ""
+        assert isinstance(result, StrategyResult)
+        self.metrics.reflections.labels("shown" if result.strategies else "empty").inc()
+        return format_reflection_block(result.strategies, result.scores) if result.strategies else ""
+
     def report_episode(self, episode: Episode) -> None:
         """The episode to the memory service, which reflects on it and stores tips. Best effort,
         like retrieval: while the memory service counts as down (a retrieval or a report timed out
@@ -251,6 +329,9 @@ class EnvWorker:
             score=trajectory.score,
             observations=trajectory.observations,
             actions=trajectory.actions,
+            strategy=next((s for s in trajectory.strategies if s), ""),
+            strategy_temperature=trajectory.strategy_temperature,
+            reflect=self.run_facts.memory_in_use,  # tips only where some rollouts read them
         )
         try:
             self.memory.call(report)
@@ -283,7 +364,8 @@ class EnvWorker:
                 self._upload(trajectory)
                 self.playing = None
                 report_s = time.perf_counter()
-                if self.run_facts.memory_in_use:  # p = 0 (GRPO): no tip rollout ever reads the memory
+                # p = 0 (GRPO): no tip rollout ever reads the memory; SGE's reflection reads its strategies
+                if self.run_facts.memory_in_use or self.sge is not None and self.sge.reflection:
                     self.report_episode(episode)
                 report_s = time.perf_counter() - report_s
                 self._record(episode)
@@ -366,6 +448,9 @@ class EnvWorker:
         m.chains.inc(int(trajectory.chain_starts.sum()))  # turn 0 and each history trim: the learner's sequences
         m.memory_fallbacks.inc(stats.memory_fallbacks)
         m.tips_shown.inc(stats.tips_shown)
+        m.strategies.inc(len(stats.strategy_tokens))
+        for n in stats.strategy_tokens:
+            m.strategy_tokens.observe(n)
         m.last_score.set(trajectory.score)
         for s in stats.step_seconds:
             m.step_seconds.observe(s)

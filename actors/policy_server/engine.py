@@ -201,6 +201,7 @@ class PolicyEngine:
             top_p=request.top_p,
             seed=request.seed if self.per_request_seed else None,
             stop=request.stop or None,
+            min_tokens=request.min_tokens,  # neither a stop string nor the end of sequence before these
             logprobs=0,  # 0 = the sampled token's log-prob only
         )
         for attempt in itertools.count():

@@ -122,9 +122,42 @@ PANELS = [
     ("Role restarts", "none", ["empo2_launch_restarts_total"]),
     # a restarted policy server waits for the run's newest weights; the learner pushes them to it alone
     ("Catch-up weight pushes (restarted servers)", "none", ["empo2_learner_catch_up_pushes_total"]),
+    # background pushes: how many versions each server is behind, servers with a version waiting
+    (
+        "Weight pushes: server version lag, push backlog",
+        "none",
+        ["empo2_learner_server_version_lag", "empo2_learner_push_backlog"],
+    ),
     # HeRL: groups held for guided revisions, revisions that took a slot or beat the group's best, bonus paid
     ("HeRL: guided groups and revisions", "none", ['empo2_replay_buffer_hindsight{count!="bonus_paid"}']),
     ("HeRL: improvement bonus paid", "none", ['empo2_replay_buffer_hindsight{count="bonus_paid"}']),
+    (
+        "SGE: strategies written / s, reflections by outcome / s, served / s",
+        "ops",
+        [
+            "sum(rate(empo2_env_actor_strategies_total[5m]))",
+            "sum by (outcome) (rate(empo2_env_actor_strategy_reflections_total[5m]))",
+            "rate(empo2_memory_service_strategy_reflections_total[5m])",
+        ],
+    ),
+    (
+        "SGE: strategy length (p50, p95 tokens), strategies stored",
+        "none",
+        [
+            "histogram_quantile(0.5, sum by (le) (rate(empo2_env_actor_strategy_tokens_bucket[5m])))",
+            "histogram_quantile(0.95, sum by (le) (rate(empo2_env_actor_strategy_tokens_bucket[5m])))",
+            "empo2_memory_service_strategies",
+        ],
+    ),
+    (
+        "SGE: strategies per episode, distinct per group, score by strategy temperature",
+        "none",
+        [
+            "empo2_learner_strategies_per_episode",
+            "empo2_learner_distinct_strategies_per_group",
+            "empo2_learner_score_by_strategy_temperature",
+        ],
+    ),
     (
         "Messages / s by role",
         "ops",

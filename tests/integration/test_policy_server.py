@@ -87,6 +87,13 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     assert tempered.temperature == 0.6 and len(tempered.token_ids) > 0
     assert np.abs(logprobs(model, prompt, tempered.token_ids, 0.6) - tempered.logprobs).max() < 1e-3
     assert np.abs(logprobs(model, prompt, tempered.token_ids) - tempered.logprobs).max() > 1e-2
+    # a stop string (SGE's strategy stops at its closing tag): the text ends before it, the token ids keep
+    # the tokens that wrote it (the actor reads the tag from them: actors/env_actor/strategy.py)
+    cut = client.call(
+        GenerateRequest(request_id="s", prompt_token_ids=prompt, max_tokens=32, temperature=0.0, seed=0, stop=["e"])
+    )
+    written = tokenizer.decode(cut.token_ids.tolist())
+    assert cut.finish_reason == "stop" and "e" not in cut.text and written.startswith(cut.text) and "e" in written
 
     # a corrupted update is refused and changes nothing
     chunks = build_chunks(weight_tensors(model), version=7, chunk_bytes=32 << 20)

@@ -50,7 +50,10 @@ def test_episode_reports_skip_a_down_memory_service(stub_server):
     without asking it (counted) instead of each waiting out the timeout."""
     endpoint = free_endpoint()
     worker = _worker(endpoint, retry_after_s=30)
-    trajectory = SimpleNamespace(episode_id="e", task="t", variation=0, score=0.0, observations=["o"], actions=["a"])
+    trajectory = SimpleNamespace(
+        episode_id="e", task="t", variation=0, score=0.0, observations=["o"], actions=["a"], strategies=[""],
+        strategy_temperature=0.0,
+    )  # fmt: skip
     episode = Episode(trajectory, "task", EpisodeStats())
     try:
         worker.report_episode(episode)  # nothing listens: dropped after the timeout

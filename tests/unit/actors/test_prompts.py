@@ -84,7 +84,7 @@ def test_system_message_has_the_task_the_demonstration_and_the_templates():
     assert "open OBJ\ngo to OBJ\nfocus on OBJ\nlook around" in text
     assert text.index("Task:") < text.index("> open door") < text.index("open OBJ\n")
     bare = system_message(TaskContext("Do it."))
-    assert bare == f"{INSTRUCTIONS}\n\nTask: Do it."
+    assert bare == f"{INSTRUCTIONS} Answer with the action only.\n\nTask: Do it."  # the default turn format
 
 
 def test_the_chat_template_pieces(builder):
@@ -246,3 +246,30 @@ def test_a_guided_episode_shows_its_guidance_in_the_system_part_as_a_span_of_eve
         assert tips == [(s + end - start, e + end - start) for s, e in without.tip_spans]  # tips after it, shifted
         np.testing.assert_array_equal(remove_spans(with_guidance.token_ids, [(start, end)]), without.token_ids)
     assert not any(p.chain_start for p in prompts[1:])  # the chain holds
+
+
+def test_sges_reflection_is_a_span_of_every_turn_and_removing_the_spans_gives_the_prompt_without_it(builder, tokenizer):
+    """SGE: the strategy format in the instructions; the group's reflection ends the system part (after
+    a guidance block, if any) as an in-context span, so the off-policy update removes it with the tips
+    exactly (learner/samples.py: the tip-free prompt drops every span)."""
+    import dataclasses
+
+    from actors.env_actor.prompts import system_message
+    from actors.env_actor.strategy import STRATEGY_INSTRUCTIONS, format_reflection_block
+    from learner.samples import remove_spans
+
+    block = format_reflection_block(["look for an animal outside"], [8.0])
+    sge = dataclasses.replace(
+        CTX, format_instructions=f"{CTX.format_instructions} {STRATEGY_INSTRUCTIONS}", reflection_block=block
+    )
+    assert STRATEGY_INSTRUCTIONS in system_message(sge) and STRATEGY_INSTRUCTIONS not in system_message(CTX)
+    prompts, _ = _play(builder, tokenizer, PAST, STATE, TIPS, ctx=sge)
+    plain, _ = _play(builder, tokenizer, PAST, STATE, TIPS, ctx=dataclasses.replace(sge, reflection_block=""))
+    for with_reflection, without in zip(prompts, plain):
+        start, end = with_reflection.tip_spans[0]
+        assert tokenizer.decode(with_reflection.token_ids[start:end].tolist()) == block
+        np.testing.assert_array_equal(
+            remove_spans(with_reflection.token_ids, with_reflection.tip_spans),
+            remove_spans(without.token_ids, without.tip_spans),
+        )
+    assert not any(p.chain_start for p in prompts[1:])

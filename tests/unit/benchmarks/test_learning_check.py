@@ -7,6 +7,7 @@ import json
 import sqlite3
 from contextlib import closing
 from dataclasses import asdict
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -80,8 +81,8 @@ def test_a_step_budget_gives_every_run_the_same_learner_steps_under_a_wall_limit
     ran = []
     monkeypatch.setattr(lc.subprocess, "run", lambda argv, **kw: ran.append(argv))
     args = SimpleNamespace(steps=8, budget_min=30.0, checkpoint_every=2, lr=1e-5, eval_every=0, lock="")
-    lc.train("grpo", 1, tmp_path, ["boil"], args)
-    lc.train("grpo", 1, tmp_path, ["boil"], SimpleNamespace(**{**vars(args), "steps": 0}))
+    lc.train("grpo", ["preset=grpo"], 1, tmp_path, ["boil"], args)
+    lc.train("grpo", ["preset=grpo"], 1, tmp_path, ["boil"], SimpleNamespace(**{**vars(args), "steps": 0}))
     (steps, *_), (wall, *_) = ([a for a in argv if a.startswith("learner.total_steps=")] for argv in ran)
     assert steps == "learner.total_steps=8" and wall == "learner.total_steps=100000"  # 0: the wall budget ends it
     assert all("launch.timeout_s=1800.0" in argv for argv in ran)
@@ -89,6 +90,36 @@ def test_a_step_budget_gives_every_run_the_same_learner_steps_under_a_wall_limit
         {"design": {**vars(args), "tasks": ["boil"], "variations": 1, "eval_seeds": 1, "training_seeds": [1]},
          "policies": {}, "pairs": [], "evaluations": [], "training": {}}
     )  # fmt: skip
+
+
+def test_a_method_is_a_preset_or_a_named_variant_of_one():
+    assert lc.method_overrides("herl") == ("herl", ["preset=herl"])
+    assert lc.method_overrides("herl_stripped=herl,herl.train_context=stripped") == (
+        "herl_stripped",
+        ["preset=herl", "herl.train_context=stripped"],
+    )
+    dirs = lc.run_dirs(Path("/r"), [0, 1], ["grpo", "herl_stripped=herl,herl.train_context=stripped"])
+    assert dirs["herl_stripped"] == [Path("/r/herl_stripped/seed0"), Path("/r/herl_stripped/seed1")]
+    assert lc.pairs(["grpo", "herl_stripped"]) == [
+        ("grpo", "base"),
+        ("herl_stripped", "base"),
+        ("herl_stripped", "grpo"),
+    ]
+
+
+def test_compare_trains_only_the_runs_not_yet_evaluated_on_the_design(tmp_path, monkeypatch):
+    """A compare with one more method adds it: the base model and the runs already evaluated are kept."""
+    args = SimpleNamespace(tasks=["boil"], run_root=str(tmp_path), variations=1, episodes=1, collect=False,
+                           seeds=[0], presets=["grpo", "v=herl,herl.gamma=0.1"], lock="")  # fmt: skip
+    done = {tmp_path / "base", tmp_path / "grpo" / "seed0"}
+    monkeypatch.setattr(lc, "final_evaluation", lambda run_dir, a: {} if run_dir in done else None)
+    trained, evaluated = [], []
+    monkeypatch.setattr(lc, "train", lambda name, method, seed, run_dir, tasks, a: trained.append((name, method)))
+    monkeypatch.setattr(lc, "_eval", lambda run_dir, lock, overrides: evaluated.append((run_dir, overrides[:2])))
+    monkeypatch.setattr(lc, "collect_compare", lambda root, a: 0)
+    assert lc.compare(args) == 0
+    assert trained == [("v", ["preset=herl", "herl.gamma=0.1"])]
+    assert evaluated == [(tmp_path / "v" / "seed0", ["preset=herl", "herl.gamma=0.1"])]
 
 
 def test_the_diagnostics_of_a_run_are_its_step_means_its_tip_rollouts_and_its_memory(tmp_path):
@@ -148,3 +179,60 @@ def test_collect_writes_the_table_of_what_was_played(tmp_path, monkeypatch):
         "| find-animal | 2 x 1 | 12.5 ± – | 0% | 0.00 / 0.00 (k=1) | 0.00 / 0.00 | 12.5 | 100.0 ± 0.0 | 72.4 ± 6.8 |"
         in (tmp_path / "results" / "learning_check_base.md").read_text()
     )
+
+
+def test_herl_and_sge_runs_report_their_guided_groups_and_strategies(tmp_path):
+    steps = [
+        {"record": "step", "episodes_by_mode": {"on_policy": 4}, "strategies_per_episode": 4.0,
+         "distinct_strategies_per_group": 3.0},
+        {"record": "step", "episodes_by_mode": {"on_policy": 4}, "strategies_per_episode": 2.0,
+         "distinct_strategies_per_group": None},
+    ]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, steps)) + "\n")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "replay_buffer.log").write_text(
+        "x INFO replay_buffer: guided group 74fe90f9 closed: 1 of 1 revisions in, best original 25, a copy of the best original in slot 3\n"
+        "x INFO replay_buffer: guided group dcc53fa8 closed: 2 of 3 revisions in, best original 17, a revision scoring 25 in slot 1\n"
+        "x INFO replay_buffer: guided group 68518fcb closed: 3 of 3 revisions in, best original 25, a revision scoring 25 in slot 0\n"
+    )
+    out = lc.diagnostics(tmp_path)
+    assert out["herl"] == {
+        "guided_groups": 3,
+        "revisions_played": 6,
+        "revisions_inserted": 2,
+        "revisions_beating_best": 1,
+    }
+    assert out["strategies_per_episode_mean"] == 3.0 and out["distinct_strategies_per_group_mean"] == 3.0
+    table = lc.compare_table(
+        {"design": {"tasks": ["t"], "variations": 1, "eval_seeds": 1, "training_seeds": [0], "budget_min": 1, "lr": 1e-4},
+         "policies": {}, "pairs": [], "evaluations": [], "training": {"herl/seed0": {**out, "learner_steps": 2,
+         "wall_seconds": 1, "episodes": 8, "reflections": 0, "restarts": {}}}}
+    )  # fmt: skip
+    assert "| herl/seed0 | 3 | 6 | 2 | 1 |" in table and "| herl/seed0 | 3 | 3 |" in table
+
+
+def test_the_papers_mask_fraction_is_judged_on_the_sampled_tokens_per_strategy_temperature(tmp_path):
+    import numpy as np
+
+    from protocol.codec import encode
+    from protocol.messages import Trajectory, TurnRecord
+    from replay_buffer.buffer import BufferLog
+    from replay_buffer.config import Durability
+
+    def episode(k: int, temperature: float, logprobs: list[list[float]], masks: list[list[int]]) -> Trajectory:
+        turns = [
+            TurnRecord(np.array([1, 2], np.int32), np.arange(len(lp), dtype=np.int32) + 3, np.array(lp, np.float32),
+                       response_mask=np.array(m, np.uint8), strategy="plan")
+            for lp, m in zip(logprobs, masks)
+        ]  # fmt: skip
+        return Trajectory.from_turns(
+            turns, episode_id=f"e{k}", group_id="g", slot=k, actor_id="a", task="t", variation=0,
+            mode="on_policy", score=0.0, done=False, strategy_temperature=temperature,
+        )  # fmt: skip
+
+    log = BufferLog(tmp_path / "buffer.log", Durability.flush)
+    # glue (mask 0) at -9 is not judged; a sampled token at -6 is
+    log.append_trajectory(encode(episode(0, 0.6, [[-9.0, -1.0], [-6.0, -1.0]], [[0, 1], [1, 1]])))
+    log.append_trajectory(encode(episode(1, 1.4, [[-7.0]], [[1]])))
+    log.sync()
+    assert lc.paper_mask_fractions(tmp_path) == {"0.60": 0.5, "1.40": 1.0}

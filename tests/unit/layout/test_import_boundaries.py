@@ -12,7 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 ROLES = ("actors", "learner", "memory_service", "replay_buffer")
-OURS = (*ROLES, "common", "deploy", "evaluation", "pipeline", "protocol")
+OURS = (*ROLES, "common", "deploy", "evaluation", "pipeline", "protocol", "spa")
 ALLOWED = {
     **{role: {role, "protocol", "common"} for role in ROLES},
     "protocol": {"protocol"},
@@ -26,8 +26,14 @@ ALLOWED = {
         "deploy",  # the launcher's --attach
         "deploy.config",
         "evaluation.config",
+        "spa.config",
     },
     "evaluation": set(OURS),
+    "spa": {
+        *OURS,
+        "evaluation.config",
+        "spa.config",
+    },  # a driver, like evaluation/: the env actors' client API, the learner's model code
     "deploy": set(OURS),
 }
 
@@ -46,6 +52,7 @@ def first_party_imports(path: Path) -> set[str]:
                 is_config = rest.split(".")[-1] == "config" and top in ROLES + (
                     "deploy",
                     "evaluation",
+                    "spa",
                 )  # actors.env_actor.config too
                 found.add(f"{top}.config" if is_config else top)
     return found

@@ -56,7 +56,8 @@ BATCH = [
 
 def test_the_metrics_of_a_hand_counted_batch():
     stats = exploration_stats(BATCH)
-    assert set(stats) == set(METRICS)
+    assert set(stats) == {*METRICS, "score_by_strategy_temperature"}
+    assert stats["strategies_per_episode"] is None and stats["score_by_strategy_temperature"] == {}  # no SGE
     assert stats["distinct_states_per_episode"] == pytest.approx((2 + 1 + 2 + 1 + 1 + 2) / 6)
     assert stats["distinct_states_per_group"] == pytest.approx((3 + 1 + 2) / 3)
     assert stats["distinct_actions_per_group"] == pytest.approx((5 + 1 + 2) / 3)
@@ -78,7 +79,19 @@ def test_a_record_without_inventories_hashes_room_and_objects_only():
 
 
 def test_an_empty_batch_has_no_values():
-    assert exploration_stats([]) == dict.fromkeys(METRICS)
+    assert exploration_stats([]) == {**dict.fromkeys(METRICS), "score_by_strategy_temperature": {}}
+
+
+def test_sge_strategies_are_counted_per_episode_and_group_and_scores_by_strategy_temperature():
+    batch = [episode("g1", i, [(KC, "look around", ORANGE)] * 2) for i in range(3)]
+    for t, strategies, temperature, score in zip(
+        batch, (["go to kitchen", ""], ["go to kitchen", "open fridge"], ["", ""]), (0.6, 1.0, 1.4), (10, 30, 50)
+    ):
+        t.strategies, t.strategy_temperature, t.score = strategies, temperature, score
+    stats = exploration_stats(batch)
+    assert stats["strategies_per_episode"] == pytest.approx((1 + 2 + 0) / 3)
+    assert stats["distinct_strategies_per_group"] == 2
+    assert stats["score_by_strategy_temperature"] == {"0.60": 10, "1.00": 30, "1.40": 50}
 
 
 # ------------------------------------------------------------------ the step record and the entropy
@@ -87,10 +100,13 @@ def test_an_empty_batch_has_no_values():
 def test_the_step_record_carries_them_and_the_gauges_export_them():
     stats = StepStats.from_totals(StepTotals(), [], lr=0.0)
     record = step_record(1, BATCH, stats, {}, step_s=1.0, push=PushTiming(seconds=0.0, engine_seconds=0.0))
-    assert {name: record[name] for name in METRICS} == exploration_stats(BATCH)
+    assert {name: record[name] for name in METRICS} == {k: exploration_stats(BATCH)[k] for k in METRICS}
     metrics = LearnerMetrics()
-    metrics.observe_step(record)
-    for name in METRICS:
+    metrics.observe_step({**record, "score_by_strategy_temperature": {"0.60": 12.5}})
+    assert metrics.registry.get_sample_value(
+        "empo2_learner_score_by_strategy_temperature", {"temperature": "0.60"}
+    ) == pytest.approx(12.5)
+    for name in [n for n in METRICS if record[n] is not None]:
         assert metrics.registry.get_sample_value(f"empo2_learner_{name}") == pytest.approx(record[name])
     metrics.observe_step({**record, "collapsed_group_fraction": None})  # no group of two: the gauge keeps its value
     assert metrics.registry.get_sample_value("empo2_learner_collapsed_group_fraction") == pytest.approx(0.5)

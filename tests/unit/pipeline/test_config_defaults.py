@@ -75,6 +75,10 @@ CPU_RUN = {
     "learner.mini_batch_samples": 0,  # one optimizer step per batch, as then (the paper: mini-batches of 128)
     "learner.low_prob_mask": "tip_rollouts",  # the paper's rule would mask 96% of the small model's samples
     "learner.micro_batch_tokens": 1024,  # each chain alone, unpadded: the fastest on CPU (6.5 GB peak)
+    "spa.episodes": 24,  # SPA's warm start at a CPU scale (the paper: 1280 episodes, 400-token turns, 5 epochs)
+    "spa.max_turn_tokens": 160,
+    "spa.epochs": 2,
+    "spa.malformed": "rebuild",  # the embedded model does not follow the world-model format
 }
 
 

@@ -43,6 +43,8 @@ from protocol.messages import (
     NcclTransferUpdate,
     Ping,
     Pong,
+    StrategyQuery,
+    StrategyResult,
     TensorMeta,
     Trajectory,
     Wait,
@@ -130,6 +132,8 @@ SAMPLES: dict[str, callable] = {
     ),
     "memory_query": lambda: MemoryQuery(task="boil", variation=2, state="You are in the kitchen."),
     "memory_result": lambda: MemoryResult(tips=["tip a", "tip b"], scores=[100.0, 12.5], count=2),
+    "strategy_query": lambda: StrategyQuery(group_id="g-1", task="boil", variation=2),
+    "strategy_result": lambda: StrategyResult(strategies=["find the stove first"], scores=[25.0]),
     "episode_report": lambda: EpisodeReport(
         episode_id="ep-2",
         task="boil",
@@ -763,14 +767,16 @@ def test_a_chain_round_trips_and_a_record_without_chain_starts_is_every_turn_its
     t = _chained([(0, 1, 2), (1, 1, 2), (1, 4, 5)])  # turn 0's tip kept where it was; a new one after the response
     out = decode(encode(t))
     assert out.chain_starts.tolist() == [1, 0] and out.extends_previous(1)
-    # a record written before the field (and before temperatures, the array after it): their arrays are
-    # the message's last two frames
+    # a record written before the field (and before temperatures and response_mask, the arrays after it):
+    # their arrays are the message's last three frames
     frames = encode(t)
     header = header_of(frames)
-    assert header["body"].pop("chain_starts")["__nd__"] == len(frames) - 4
-    assert header["body"].pop("temperatures")["__nd__"] == len(frames) - 3
-    old = decode(with_header(frames[:-2], header))
+    assert header["body"].pop("chain_starts")["__nd__"] == len(frames) - 5
+    assert header["body"].pop("temperatures")["__nd__"] == len(frames) - 4
+    assert header["body"].pop("response_mask")["__nd__"] == len(frames) - 3
+    old = decode(with_header(frames[:-3], header))
     assert old.chain_starts.tolist() == [1, 1] and old.temperatures.tolist() == [1.0, 1.0]
+    assert old.response_mask.tolist() == [1, 1] and old.strategies == ["", ""]
 
 
 @pytest.mark.parametrize(

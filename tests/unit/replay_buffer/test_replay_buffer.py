@@ -554,3 +554,16 @@ def test_async_mode_keeps_handing_out_groups_while_the_learner_steps():
     complete_group(buffer)
     batch, _ = buffer.take_batch(5, 2, 4, 1 << 26, 0.0)
     assert len(batch.groups) == 2 and buffer.assign(0.0)[0] is not None  # no round: the actors play on
+
+
+def test_sge_spreads_a_groups_strategy_temperatures_evenly_and_is_off_by_default():
+    from common.config import SgeConfig
+
+    sge = SgeConfig(enabled=True, strategy_temperature_min=0.6, strategy_temperature_max=1.4)
+    buffer = ReplayBuffer(make_cfg(group_size=5), VARIATIONS, seed=0, sge=sge)
+    group = [buffer.assign(now=0.0)[0] for _ in range(5)]
+    assert len({a.group_id for a in group}) == 1
+    assert [a.strategy_temperature for a in group] == pytest.approx([0.6, 0.8, 1.0, 1.2, 1.4])
+    plain = ReplayBuffer(make_cfg(group_size=5), VARIATIONS, seed=0, sge=SgeConfig())  # enabled: false
+    assert plain.assign(now=0.0)[0].strategy_temperature is None
+    assert SgeConfig(enabled=True).strategy_temperature(0, 1) == 0.6  # a group of one: the lowest
