@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import shutil
 import sqlite3
 import statistics
@@ -49,7 +50,9 @@ from deploy.lockstep import step_records
 from evaluation.config import EvalConfig
 from evaluation.eval import EPISODES_FILE, EpisodeLog, summarize, write_results
 from evaluation.stats import estimate, paired
+from learner.config import LearnerConfig
 from protocol.messages import TIP_MODES
+from replay_buffer.buffer import BufferLog
 
 RESULTS = REPO / "benchmarks" / "results"
 # this benchmark's policy server and metrics ports, away from the defaults and the tests' (a pipeline may be running)
@@ -137,9 +140,17 @@ def pairs(presets: list[str]) -> list[tuple[str, str]]:
     return [(m, BASE) for m in presets] + [(m, BASELINE) for m in presets if m != BASELINE and BASELINE in presets]
 
 
+def method_overrides(spec: str) -> tuple[str, list[str]]:
+    """(name, overrides) of a --presets item: `herl` is preset=herl; `NAME=PRESET,KEY=VALUE,...` is a
+    variant of a preset under its own name, e.g. herl_stripped=herl,herl.train_context=stripped."""
+    name, _, rest = spec.partition("=")
+    preset, *keys = rest.split(",") if rest else [name]
+    return name, [f"preset={preset}", *keys]
+
+
 def run_dirs(root: Path, seeds: list[int], presets: list[str]) -> dict[str, list[Path]]:
     """Each method's training runs, one per training seed."""
-    return {preset: [root / preset / f"seed{s}" for s in seeds] for preset in presets}
+    return {name: [root / name / f"seed{s}" for s in seeds] for name, _ in map(method_overrides, presets)}
 
 
 def compare(args) -> int:
@@ -154,18 +165,24 @@ def compare(args) -> int:
         f"replay_buffer.tasks=[{','.join(tasks)}]",
     ]
     if not args.collect:
-        # the base model's evaluation does not depend on the preset or the training seed: played once
-        _eval(root / BASE, args.lock, [*evaluation, "eval.policy=base"])
-        for preset, dirs in run_dirs(root, args.seeds, args.presets).items():
-            for seed, run_dir in zip(args.seeds, dirs):
-                train(preset, seed, run_dir, tasks, args)
-                _eval(run_dir, args.lock, [f"preset={preset}", *evaluation, "eval.policy=latest"])
+        # the base model's evaluation does not depend on the preset or the training seed: played once;
+        # a policy already evaluated on this design is kept, so a compare with one more method adds it
+        if final_evaluation(root / BASE, args) is None:
+            _eval(root / BASE, args.lock, [*evaluation, "eval.policy=base"])
+        for spec in args.presets:
+            name, method = method_overrides(spec)
+            for seed, run_dir in zip(args.seeds, run_dirs(root, args.seeds, [spec])[name]):
+                if final_evaluation(run_dir, args) is not None:
+                    print(f"[learning_check] {run_dir}: trained and evaluated already, kept", flush=True)
+                    continue
+                train(name, method, seed, run_dir, tasks, args)
+                _eval(run_dir, args.lock, [*method, *evaluation, "eval.policy=latest"])
     return collect_compare(root, args)
 
 
-def train(preset: str, seed: int, run_dir: Path, tasks: list[str], args) -> None:
+def train(name: str, method: list[str], seed: int, run_dir: Path, tasks: list[str], args) -> None:
     overrides = [
-        f"preset={preset}",
+        *method,
         f"seed={seed}",
         f"replay_buffer.tasks=[{','.join(tasks)}]",
         f"run_dir={run_dir}",
@@ -183,7 +200,7 @@ def train(preset: str, seed: int, run_dir: Path, tasks: list[str], args) -> None
         ),
     ]
     budget = f"{args.steps} steps (at most {args.budget_min:g} min)" if args.steps else f"{args.budget_min:g} min"
-    print(f"[learning_check] training {preset} seed {seed} for {budget}", flush=True)
+    print(f"[learning_check] training {name} seed {seed} for {budget}", flush=True)
     argv = [sys.executable, "-m", "pipeline", "empo2-run", *overrides]
     subprocess.run(_locked(args.lock, argv), cwd=REPO)  # ends by its timeout
 
@@ -218,20 +235,22 @@ def collect_compare(root: Path, args) -> int:
     policies[BASE].append(base[1])
     evaluations.append({"method": BASE, "seed": None, "report": base[0]})
     training = {}
-    for preset, dirs in run_dirs(root, args.seeds, args.presets).items():
-        policies[preset] = []
+    for name, dirs in run_dirs(root, args.seeds, args.presets).items():
+        policies[name] = []
         for seed, run_dir in zip(args.seeds, dirs):
             found = final_evaluation(run_dir, args)
             if found is None:
                 print(f"[learning_check] {run_dir}: no final evaluation yet, left out", flush=True)
                 continue
-            policies[preset].append(found[1])
-            evaluations.append({"method": preset, "seed": seed, "report": found[0]})
-            training[f"{preset}/seed{seed}"] = training_summary(run_dir)
+            policies[name].append(found[1])
+            evaluations.append({"method": name, "seed": seed, "report": found[0]})
+            training[f"{name}/seed{seed}"] = training_summary(run_dir)
     scores = {method: method_scores(evals) for method, evals in policies.items() if evals}
     per_policy = {method: asdict(estimate(list(s.values()))) for method, s in scores.items()}
     compared = [
-        asdict(paired(a, scores[a], b, scores[b])) for a, b in pairs(args.presets) if a in scores and b in scores
+        asdict(paired(a, scores[a], b, scores[b]))
+        for a, b in pairs([method_overrides(p)[0] for p in args.presets])
+        if a in scores and b in scores
     ]
     plotted = [
         d for dirs in run_dirs(root, args.seeds, args.presets).values() for d in dirs if (d / "metrics.jsonl").exists()
@@ -249,6 +268,7 @@ def collect_compare(root: Path, args) -> int:
             "budget_min": args.budget_min,
             "steps": args.steps,
             "lr": args.lr,
+            "methods": dict(map(method_overrides, args.presets)),
         },
         "policies": per_policy,
         "pairs": compared,
@@ -283,6 +303,11 @@ STEP_MEANS = (
     "distinct_actions_per_group",
     "collapsed_group_fraction",
 )
+# each method's own (issues 23, 24): SGE's per step; HeRL's from the buffer's line per guided group closed
+METHOD_STEP_MEANS = ("strategies_per_episode", "distinct_strategies_per_group")
+GUIDED_CLOSED = re.compile(
+    r"guided group \S+ closed: (\d+) of (\d+) revisions in, best original (\S+), (?:a revision scoring (\S+)|a copy)"
+)
 TIP_SAMPLES = 3  # tips quoted per run in the report
 TIP_CHARS = (200, 100)  # of each: its start (the reflection) and its end (the step's action and the score)
 
@@ -309,7 +334,40 @@ def diagnostics(run_dir: Path) -> dict:
     checkpoints = sorted((run_dir / "checkpoints").glob("step_*/model.safetensors"))
     if checkpoints:
         out["weight_change_relative"] = weight_change(Path(resolve_model(EMBEDDED_MODEL)), checkpoints[-1])
+    for key in METHOD_STEP_MEANS:
+        values = [r[key] for r in steps if r.get(key) is not None]
+        if values:
+            out[f"{key}_mean"] = statistics.fmean(values)
+    if "strategies_per_episode_mean" in out:  # SGE: what the paper's mask would drop
+        out["paper_mask_by_strategy_temperature"] = paper_mask_fractions(run_dir)
+    buffer_log = run_dir / "logs" / "replay_buffer.log"
+    closed = GUIDED_CLOSED.findall(buffer_log.read_text()) if buffer_log.exists() else []
+    if closed:  # HeRL: the groups held for revisions, what came back and what took a slot
+        out["herl"] = {
+            "guided_groups": len(closed),
+            "revisions_played": sum(int(got) for got, _, _, _ in closed),
+            "revisions_inserted": sum(bool(s) for *_, s in closed),
+            "revisions_beating_best": sum(bool(s) and float(s) > float(b) for _, _, b, s in closed),
+        }
     return out
+
+
+def paper_mask_fractions(run_dir: Path, threshold: float = LearnerConfig().low_prob_threshold) -> dict[str, float]:
+    """Per strategy temperature, the fraction of a run's turns the paper's low-probability mask would drop
+    (a sampled token's behaviour log-prob below `threshold`, the actor's glue not judged), from its
+    buffer log."""
+    if not (run_dir / "buffer.log").exists():
+        return {}
+    trajectories, _, _ = BufferLog.read(run_dir / "buffer.log")
+    counts: dict[str, list[int]] = {}
+    for t in trajectories:
+        for i in range(t.num_turns):
+            sampled = t.turn_response_mask(i).astype(bool)
+            low = bool(sampled.any() and t.turn_behaviour_logprobs(i)[sampled].min() < threshold)
+            tally = counts.setdefault(f"{t.strategy_temperature:.2f}", [0, 0])
+            tally[0] += low
+            tally[1] += 1
+    return {k: round(low / n, 3) for k, (low, n) in sorted(counts.items())}
 
 
 def weight_change(base_dir: Path, trained: Path) -> float:
@@ -377,6 +435,37 @@ def compare_table(result: dict) -> str:
             _cell(t.get(key)) for key in ("tip_rollouts", "memory_entries", "distinct_tips", "weight_change_relative")
         ]
         lines.append(f"| {run} | " + " | ".join(cells) + " |")
+    herl = {run: t["herl"] for run, t in result["training"].items() if "herl" in t}
+    if herl:
+        lines += [
+            "",
+            "HeRL's guided groups per run (groups of no 100 held for revisions; a revision takes a slot when it",
+        ]
+        lines += ["scores at least the group's best original, else a copy of the best does):", ""]
+        lines += [
+            "| run | guided groups | revisions played | inserted | beating the group's best |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {run} | {h['guided_groups']} | {h['revisions_played']} | {h['revisions_inserted']} | "
+            f"{h['revisions_beating_best']} |"
+            for run, h in herl.items()
+        ]
+    sge = {run: t for run, t in result["training"].items() if "strategies_per_episode_mean" in t}
+    if sge:
+        lines += ["", "SGE's strategies per run (means over its learner steps):", ""]
+        lines += [
+            "| run | strategies / episode | distinct strategies / group | masked | the paper's mask would drop, "
+            "by strategy temperature |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {run} | {_cell(t['strategies_per_episode_mean'])} | {_cell(t.get('distinct_strategies_per_group_mean'))} | "
+            f"{_cell(t.get('masked_fraction_mean'))} | "
+            + ", ".join(f"{k}: {v:.0%}" for k, v in t.get("paper_mask_by_strategy_temperature", {}).items())
+            + " |"
+            for run, t in sge.items()
+        ]
     tips = [(run, tip) for run, t in result["training"].items() for tip in t.get("tips", [])]
     if tips:
         lines += ["", "The best-scored distinct tips each memory held at the end (what the policy read):", ""]
@@ -426,7 +515,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--variations", type=int, default=5)
     c.add_argument("--episodes", type=int, default=4)
     c.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds per method")
-    c.add_argument("--presets", nargs="+", default=list(PRESETS), help="the methods trained (conf/preset/)")
+    c.add_argument(
+        "--presets",
+        nargs="+",
+        default=list(PRESETS),
+        help="the methods trained: PRESET (conf/preset/) or NAME=PRESET,KEY=VALUE,... (a variant)",
+    )
     c.add_argument("--run-root", default="runs/learning_check")
     c.add_argument("--collect", action="store_true", help="only write the table and plots of the runs under --run-root")
     args = parser.parse_args(argv)
