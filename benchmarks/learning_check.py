@@ -37,6 +37,7 @@ import sqlite3
 import statistics
 import subprocess
 import sys
+import time
 from contextlib import closing
 from dataclasses import asdict
 from pathlib import Path
@@ -53,6 +54,7 @@ from evaluation.stats import estimate, paired
 from learner.config import LearnerConfig
 from protocol.messages import TIP_MODES
 from replay_buffer.buffer import BufferLog
+from spa.sft import REPORT as SFT_REPORT
 
 RESULTS = REPO / "benchmarks" / "results"
 # this benchmark's policy server and metrics ports, away from the defaults and the tests' (a pipeline may be running)
@@ -171,6 +173,8 @@ def compare(args) -> int:
             _eval(root / BASE, args.lock, [*evaluation, "eval.policy=base"])
         for spec in args.presets:
             name, method = method_overrides(spec)
+            if name in args.spa:  # SPA's two stages: the warm start once, then each seed's RL from its checkpoint
+                method = [*method, f"model.name={spa_warm_start(root / name / SPA_STAGE, tasks, args)}"]
             for seed, run_dir in zip(args.seeds, run_dirs(root, args.seeds, [spec])[name]):
                 if final_evaluation(run_dir, args) is not None:
                     print(f"[learning_check] {run_dir}: trained and evaluated already, kept", flush=True)
@@ -178,6 +182,37 @@ def compare(args) -> int:
                 train(name, method, seed, run_dir, tasks, args)
                 _eval(run_dir, args.lock, [*method, *evaluation, "eval.policy=latest"])
     return collect_compare(root, args)
+
+
+SPA_STAGE = "spa_stage"  # a method's SPA warm start, under its run root: <root>/<name>/spa_stage
+
+
+def spa_warm_start(stage_dir: Path, tasks: list[str], args) -> Path:
+    """SPA's warm start for a method (--spa): `empo2-spa all` (collection on the training variations,
+    SFT with the true states) once, timed, its wall seconds in <stage_dir>/stage.json; the SFT checkpoint."""
+    done = stage_dir / "stage.json"
+    if not done.exists():
+        print(f"[learning_check] SPA warm start in {stage_dir}", flush=True)
+        argv = [
+            sys.executable, "-m", "pipeline", "empo2-spa", "all", f"run_dir={stage_dir}", *PORTS,
+            f"replay_buffer.tasks=[{','.join(tasks)}]",
+        ]  # fmt: skip
+        t0 = time.monotonic()
+        subprocess.run(_locked(args.lock, argv), cwd=REPO, check=True)
+        done.write_text(json.dumps({"wall_seconds": round(time.monotonic() - t0, 1)}))
+    return Path(json.loads((stage_dir / "spa" / SFT_REPORT).read_text())["final_checkpoint"])
+
+
+def spa_summary(stage_dir: Path) -> dict:
+    """What the report says of a warm start: its wall seconds (collection and SFT) and the SFT's held-out
+    loss and next-state accuracy before and after."""
+    report = json.loads((stage_dir / "spa" / SFT_REPORT).read_text())
+    return {
+        **json.loads((stage_dir / "stage.json").read_text()),
+        "epochs": len(report["epochs"]),
+        "before": report["before"],
+        "after": report["epochs"][-1]["held_out"],
+    }
 
 
 def train(name: str, method: list[str], seed: int, run_dir: Path, tasks: list[str], args) -> None:
@@ -245,6 +280,8 @@ def collect_compare(root: Path, args) -> int:
             policies[name].append(found[1])
             evaluations.append({"method": name, "seed": seed, "report": found[0]})
             training[f"{name}/seed{seed}"] = training_summary(run_dir)
+            if name in args.spa:
+                training[f"{name}/seed{seed}"]["spa"] = spa_summary(root / name / SPA_STAGE)
     scores = {method: method_scores(evals) for method, evals in policies.items() if evals}
     per_policy = {method: asdict(estimate(list(s.values()))) for method, s in scores.items()}
     compared = [
@@ -256,7 +293,7 @@ def collect_compare(root: Path, args) -> int:
         d for dirs in run_dirs(root, args.seeds, args.presets).values() for d in dirs if (d / "metrics.jsonl").exists()
     ]
     if plotted:
-        plots = RESULTS / "learning_check_plots"
+        plots = RESULTS / args.plots
         subprocess.run([sys.executable, "-m", "evaluation.plot", *map(str, plotted), "--out", str(plots)], check=True)
     result = {
         **run_header([".venv/bin/python", "-m", "benchmarks.learning_check"], sys.argv[1:]),
@@ -274,9 +311,11 @@ def collect_compare(root: Path, args) -> int:
         "pairs": compared,
         "evaluations": [{**e, "report": {"tasks": e["report"]["tasks"]}} for e in evaluations],
         "training": training,
+        # every policy's score per unit (task/variation/seed), so a later report can be checked against this one
+        "units": {m: {"/".join(map(str, u)): v for u, v in sorted(s.items())} for m, s in scores.items()},
     }
-    write_result(RESULTS / "learning_check_compare.json", result)
-    (RESULTS / "learning_check_compare.md").write_text(compare_table(result))
+    write_result(RESULTS / f"{args.report}.json", result)
+    (RESULTS / f"{args.report}.md").write_text(compare_table(result))
     return 0
 
 
@@ -466,6 +505,23 @@ def compare_table(result: dict) -> str:
             + " |"
             for run, t in sge.items()
         ]
+    spa = {run: t["spa"] for run, t in result["training"].items() if "spa" in t}
+    if spa:
+        lines += [
+            "",
+            "SPA's warm start (collection and SFT, before the RL run; its time is not in the run's wall s):",
+            "",
+        ]
+        lines += [
+            "| run | warm start s | SFT epochs | held-out loss before → after | next-state accuracy before → after |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {run} | {w['wall_seconds']:.0f} | {w['epochs']} | {w['before']['loss']:.3f} → {w['after']['loss']:.3f} | "
+            f"{_cell(w['before']['next_state_accuracy'])} → {_cell(w['after']['next_state_accuracy'])} "
+            f"({w['after']['predictions']} predictions) |"
+            for run, w in spa.items()
+        ]
     tips = [(run, tip) for run, t in result["training"].items() for tip in t.get("tips", [])]
     if tips:
         lines += ["", "The best-scored distinct tips each memory held at the end (what the policy read):", ""]
@@ -521,7 +577,10 @@ def main(argv: list[str] | None = None) -> int:
         default=list(PRESETS),
         help="the methods trained: PRESET (conf/preset/) or NAME=PRESET,KEY=VALUE,... (a variant)",
     )
+    c.add_argument("--spa", nargs="*", default=[], help="methods (by name) trained from an SPA warm start")
     c.add_argument("--run-root", default="runs/learning_check")
+    c.add_argument("--report", default="learning_check_compare", help="benchmarks/results/<REPORT>.{json,md}")
+    c.add_argument("--plots", default="learning_check_plots", help="benchmarks/results/<PLOTS>/")
     c.add_argument("--collect", action="store_true", help="only write the table and plots of the runs under --run-root")
     args = parser.parse_args(argv)
     return base(args) if args.part == "base" else compare(args)

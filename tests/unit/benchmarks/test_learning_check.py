@@ -55,6 +55,9 @@ def test_compare_pairs_the_policies_on_their_common_units(tmp_path, monkeypatch)
         steps=0,
         lr=1e-5,
         presets=["empo2", "grpo"],
+        spa=[],
+        report="learning_check_compare",
+        plots="learning_check_plots",
     )
     assert lc.collect_compare(root, args) == 0
     result = json.loads((tmp_path / "results" / "learning_check_compare.json").read_text())
@@ -68,6 +71,7 @@ def test_compare_pairs_the_policies_on_their_common_units(tmp_path, monkeypatch)
     table = (tmp_path / "results" / "learning_check_compare.md").read_text()
     assert "| empo2 − base | 20.0 [20.0, 20.0] | 0.125 |" in table
     assert "| empo2/seed0 | - | - |" in table  # the diagnostics row of a run without metrics
+    assert result["units"]["empo2"] == {"boil/0/0": 20.0, "boil/0/1": 20.0, "boil/1/0": 20.0, "boil/1/1": 20.0}
 
 
 def test_each_method_is_compared_with_the_base_model_then_with_grpo():
@@ -110,7 +114,7 @@ def test_a_method_is_a_preset_or_a_named_variant_of_one():
 def test_compare_trains_only_the_runs_not_yet_evaluated_on_the_design(tmp_path, monkeypatch):
     """A compare with one more method adds it: the base model and the runs already evaluated are kept."""
     args = SimpleNamespace(tasks=["boil"], run_root=str(tmp_path), variations=1, episodes=1, collect=False,
-                           seeds=[0], presets=["grpo", "v=herl,herl.gamma=0.1"], lock="")  # fmt: skip
+                           seeds=[0], presets=["grpo", "v=herl,herl.gamma=0.1"], lock="", spa=[])  # fmt: skip
     done = {tmp_path / "base", tmp_path / "grpo" / "seed0"}
     monkeypatch.setattr(lc, "final_evaluation", lambda run_dir, a: {} if run_dir in done else None)
     trained, evaluated = [], []
@@ -120,6 +124,48 @@ def test_compare_trains_only_the_runs_not_yet_evaluated_on_the_design(tmp_path, 
     assert lc.compare(args) == 0
     assert trained == [("v", ["preset=herl", "herl.gamma=0.1"])]
     assert evaluated == [(tmp_path / "v" / "seed0", ["preset=herl", "herl.gamma=0.1"])]
+
+
+def test_an_spa_method_trains_each_seed_from_one_timed_warm_start_and_reports_it(tmp_path, monkeypatch):
+    """--spa: `empo2-spa all` runs once per method, before its seeds; each seed trains and is evaluated from
+    the SFT checkpoint (model.name); the report gives the warm start's time and the SFT's held-out figures."""
+    args = SimpleNamespace(tasks=["boil"], run_root=str(tmp_path), variations=1, episodes=1, collect=False,
+                           seeds=[0, 1], presets=["s=empo2"], lock="", spa=["s"])  # fmt: skip
+    stage = tmp_path / "s" / lc.SPA_STAGE
+    checkpoint = stage / "spa" / "sft" / "step_2"
+    spa_runs = []
+
+    def run_spa(argv, **kw):
+        assert "empo2-spa" in argv and f"run_dir={stage}" in argv and "replay_buffer.tasks=[boil]" in argv
+        spa_runs.append(argv)
+        held = {"loss": 1.2, "tokens": 10, "next_state_accuracy": 0.2, "predictions": 5}
+        report = {
+            "before": held,
+            "epochs": [{"held_out": {**held, "loss": 0.9}}] * 2,
+            "final_checkpoint": str(checkpoint),
+        }
+        (stage / "spa").mkdir(parents=True)
+        (stage / "spa" / "sft_report.json").write_text(json.dumps(report))
+
+    monkeypatch.setattr(lc.subprocess, "run", run_spa)
+    monkeypatch.setattr(lc, "final_evaluation", lambda run_dir, a: {} if run_dir == tmp_path / "base" else None)
+    trained, evaluated = [], []
+    monkeypatch.setattr(lc, "train", lambda name, method, seed, run_dir, tasks, a: trained.append(method))
+    monkeypatch.setattr(lc, "_eval", lambda run_dir, lock, overrides: evaluated.append(overrides))
+    monkeypatch.setattr(lc, "collect_compare", lambda root, a: 0)
+    assert lc.compare(args) == 0
+    assert len(spa_runs) == 1 and trained == [["preset=empo2", f"model.name={checkpoint}"]] * 2
+    assert all(f"model.name={checkpoint}" in o for o in evaluated)
+    assert lc.compare(args) == 0 and len(spa_runs) == 1  # done once: stage.json says so
+    summary = lc.spa_summary(stage)
+    assert summary["epochs"] == 2 and summary["before"]["loss"] == 1.2 and summary["after"]["loss"] == 0.9
+    table = lc.compare_table(
+        {"design": {"tasks": ["boil"], "variations": 1, "eval_seeds": 1, "training_seeds": [0], "budget_min": 1,
+                    "lr": 1e-5}, "policies": {}, "pairs": [], "evaluations": [],
+         "training": {"s/seed0": {"learner_steps": 8, "wall_seconds": 60, "episodes": 4, "reflections": 0,
+                                  "restarts": {}, "spa": summary}}}
+    )  # fmt: skip
+    assert "| s/seed0 | " in table and "| 2 | 1.200 → 0.900 | 0.2 → 0.2 (5 predictions) |" in table
 
 
 def test_the_diagnostics_of_a_run_are_its_step_means_its_tip_rollouts_and_its_memory(tmp_path):
