@@ -259,7 +259,8 @@ class EpisodeRunner:
             phase_seconds=dict(phase_seconds),
             start_inventory=start_inventory[:MAX_INVENTORY_CHARS],
             goal_progress=goal_progress[:MAX_GOAL_PROGRESS_CHARS],
-            strategy_temperature=(a.strategy_temperature or 0.0) if any(t.strategic for t in turns) else 0.0,
+            # the first strategy's temperature, as sampled (an evaluation's assignment carries none)
+            strategy_temperature=next((t.strategic.strategy_temperature for t in turns if t.strategic), 0.0),
         )
 
 

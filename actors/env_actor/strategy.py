@@ -58,6 +58,7 @@ class StrategicResponse:
     strategy: str  # the strategy's text, without its tags
     action_text: str  # what the env maps to an action
     strategy_tokens: int  # the strategy's sampled tokens
+    strategy_temperature: float  # what the strategy was sampled at (a member's T_s; an evaluation's own)
 
 
 class Strategist:
@@ -109,4 +110,5 @@ class Strategist:
             " ".join(strategy.split())[:MAX_STRATEGY_CHARS],
             a.text,
             len(s.token_ids),
+            s.temperature,
         )

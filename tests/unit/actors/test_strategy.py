@@ -211,4 +211,5 @@ def test_an_evaluation_episode_writes_strategies_at_its_temperature_without_a_re
         (0.4, [STRATEGY_CLOSE], 0), (0.4, ["\n"], 1), *[(0.4, ["\n"], 0)] * 2
     ]  # fmt: skip
     assert episode.trajectory.strategies == ["open the door at 0.4", "", ""]
+    assert episode.trajectory.strategy_temperature == pytest.approx(0.4)  # as sampled, not the assignment's none
     assert memory.received == []
