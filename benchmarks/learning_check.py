@@ -136,10 +136,17 @@ BASE = "base"
 BASELINE = "grpo"  # every other method is also compared with it
 
 
-def pairs(presets: list[str]) -> list[tuple[str, str]]:
+def pairs(presets: list[str], spa: list[str] = ()) -> list[tuple[str, str]]:
     """Every paired comparison reported, (a, b) meaning a - b on the units both played: each method
-    against the base model, then each other method against GRPO."""
-    return [(m, BASE) for m in presets] + [(m, BASELINE) for m in presets if m != BASELINE and BASELINE in presets]
+    against the base model, then each other method against GRPO; an SPA method's warm start alone
+    (NAME_sft) against the base model, and the method against its warm start (what the RL added)."""
+    out = [(m, BASE) for m in presets] + [(m, BASELINE) for m in presets if m != BASELINE and BASELINE in presets]
+    return out + [p for m in presets if m in spa for p in ((sft_policy(m), BASE), (m, sft_policy(m)))]
+
+
+def sft_policy(method: str) -> str:
+    """The name of an SPA method's warm start alone, as a policy of the report."""
+    return f"{method}_sft"
 
 
 def method_overrides(spec: str) -> tuple[str, list[str]]:
@@ -174,7 +181,11 @@ def compare(args) -> int:
         for spec in args.presets:
             name, method = method_overrides(spec)
             if name in args.spa:  # SPA's two stages: the warm start once, then each seed's RL from its checkpoint
-                method = [*method, f"model.name={spa_warm_start(root / name / SPA_STAGE, tasks, args)}"]
+                stage = root / name / SPA_STAGE
+                checkpoint = spa_warm_start(stage, tasks, args)
+                if final_evaluation(stage, args) is None:  # the warm start alone, before any RL
+                    _eval(stage, args.lock, [*evaluation, "eval.policy=base", f"model.name={checkpoint}"])
+                method = [*method, f"model.name={checkpoint}"]
             for seed, run_dir in zip(args.seeds, run_dirs(root, args.seeds, [spec])[name]):
                 if final_evaluation(run_dir, args) is not None:
                     print(f"[learning_check] {run_dir}: trained and evaluated already, kept", flush=True)
@@ -271,6 +282,10 @@ def collect_compare(root: Path, args) -> int:
     evaluations.append({"method": BASE, "seed": None, "report": base[0]})
     training = {}
     for name, dirs in run_dirs(root, args.seeds, args.presets).items():
+        warm_start = final_evaluation(root / name / SPA_STAGE, args) if name in args.spa else None
+        if warm_start is not None:
+            policies[sft_policy(name)] = [warm_start[1]]
+            evaluations.append({"method": sft_policy(name), "seed": None, "report": warm_start[0]})
         policies[name] = []
         for seed, run_dir in zip(args.seeds, dirs):
             found = final_evaluation(run_dir, args)
@@ -286,7 +301,7 @@ def collect_compare(root: Path, args) -> int:
     per_policy = {method: asdict(estimate(list(s.values()))) for method, s in scores.items()}
     compared = [
         asdict(paired(a, scores[a], b, scores[b]))
-        for a, b in pairs([method_overrides(p)[0] for p in args.presets])
+        for a, b in pairs([method_overrides(p)[0] for p in args.presets], args.spa)
         if a in scores and b in scores
     ]
     plotted = [

@@ -79,6 +79,9 @@ def test_each_method_is_compared_with_the_base_model_then_with_grpo():
         ("empo2", "base"), ("grpo", "base"), ("herl", "base"), ("empo2", "grpo"), ("herl", "grpo")
     ]  # fmt: skip
     assert lc.pairs(["herl"]) == [("herl", "base")]
+    assert lc.pairs(["s", "grpo"], spa=["s"]) == [
+        ("s", "base"), ("grpo", "base"), ("s", "grpo"), ("s_sft", "base"), ("s", "s_sft")
+    ]  # fmt: skip
 
 
 def test_a_step_budget_gives_every_run_the_same_learner_steps_under_a_wall_limit(tmp_path, monkeypatch):
@@ -156,6 +159,9 @@ def test_an_spa_method_trains_each_seed_from_one_timed_warm_start_and_reports_it
     assert lc.compare(args) == 0
     assert len(spa_runs) == 1 and trained == [["preset=empo2", f"model.name={checkpoint}"]] * 2
     assert all(f"model.name={checkpoint}" in o for o in evaluated)
+    assert "eval.policy=base" in evaluated[0]  # the warm start alone, then each seed's checkpoint
+    policies = [next(x for x in o if x.startswith("eval.policy=")) for o in evaluated]
+    assert policies == ["eval.policy=base", "eval.policy=latest", "eval.policy=latest"]
     assert lc.compare(args) == 0 and len(spa_runs) == 1  # done once: stage.json says so
     summary = lc.spa_summary(stage)
     assert summary["epochs"] == 2 and summary["before"]["loss"] == 1.2 and summary["after"]["loss"] == 0.9
