@@ -138,10 +138,19 @@ BASELINE = "grpo"  # every other method is also compared with it
 
 def pairs(presets: list[str], spa: list[str] = ()) -> list[tuple[str, str]]:
     """Every paired comparison reported, (a, b) meaning a - b on the units both played: each method
-    against the base model, then each other method against GRPO; an SPA method's warm start alone
-    (NAME_sft) against the base model, and the method against its warm start (what the RL added)."""
-    out = [(m, BASE) for m in presets] + [(m, BASELINE) for m in presets if m != BASELINE and BASELINE in presets]
-    return out + [p for m in presets if m in spa for p in ((sft_policy(m), BASE), (m, sft_policy(m)))]
+    (a --presets item) against the base model, then each other method against GRPO; for an SPA method,
+    its warm start alone (NAME_sft) against the base model, the method against its warm start (what the
+    RL added) and against its preset trained from the base model (what the warm start added)."""
+    names = [method_overrides(p)[0] for p in presets]
+    out = [(m, BASE) for m in names] + [(m, BASELINE) for m in names if m != BASELINE and BASELINE in names]
+    for spec in presets:
+        name, overrides = method_overrides(spec)
+        if name in spa:
+            out += [(sft_policy(name), BASE), (name, sft_policy(name))]
+            preset = overrides[0].removeprefix("preset=")
+            if preset != name and preset in names:
+                out.append((name, preset))
+    return out
 
 
 def sft_policy(method: str) -> str:
@@ -301,7 +310,7 @@ def collect_compare(root: Path, args) -> int:
     per_policy = {method: asdict(estimate(list(s.values()))) for method, s in scores.items()}
     compared = [
         asdict(paired(a, scores[a], b, scores[b]))
-        for a, b in pairs([method_overrides(p)[0] for p in args.presets], args.spa)
+        for a, b in pairs(args.presets, args.spa)
         if a in scores and b in scores
     ]
     plotted = [

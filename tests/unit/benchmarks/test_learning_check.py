@@ -79,8 +79,9 @@ def test_each_method_is_compared_with_the_base_model_then_with_grpo():
         ("empo2", "base"), ("grpo", "base"), ("herl", "base"), ("empo2", "grpo"), ("herl", "grpo")
     ]  # fmt: skip
     assert lc.pairs(["herl"]) == [("herl", "base")]
-    assert lc.pairs(["s", "grpo"], spa=["s"]) == [
-        ("s", "base"), ("grpo", "base"), ("s", "grpo"), ("s_sft", "base"), ("s", "s_sft")
+    assert lc.pairs(["s=empo2", "grpo", "empo2"], spa=["s"]) == [
+        ("s", "base"), ("grpo", "base"), ("empo2", "base"), ("s", "grpo"), ("empo2", "grpo"),
+        ("s_sft", "base"), ("s", "s_sft"), ("s", "empo2"),
     ]  # fmt: skip
 
 
