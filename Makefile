@@ -15,7 +15,8 @@ run: setup
 test: setup lint
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -m "not long" $(PYTEST_ARGS)
 
-# the long runs left out of `make test` (the full kill -9 fault matrix, ~18 min on 2 cores)
+# the long runs left out of `make test`: the full kill -9 fault matrix (~18 min on 2 cores) and the chaos
+# soak's short variant (tests/unit/benchmarks/test_chaos.py)
 test-long: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -m long $(PYTEST_ARGS)
 

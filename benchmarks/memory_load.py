@@ -10,7 +10,8 @@ service started afresh per setting (`python -m pipeline empo2-memory-service`, p
 tests'), whose memory holds `--entries` entries under the queried key (stored through its own
 EpisodeReport path would need a policy server: they are written into its SQLite store before it
 starts, as a restarted service finds them). Per setting, over `--seconds` after the first answer:
-queries/s, p50/p99 latency, the mean embedding batch (its metrics), its RSS. Every process started
+queries/s, p50/p99 latency, the mean embedding batch (its metrics), its RSS, and the CPU milliseconds per
+query of the service and of the client threads (this process: where the two cores went). Every process started
 is stopped at the end, also on an error. Results: benchmarks/README.md#memory-load.
 """
 
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import zmq
 
 from benchmarks.load import Rss, pct, wait_ready
@@ -87,6 +89,13 @@ def query_loop(offset: int, states: int, stop: threading.Event, latencies: list,
         client.close()
 
 
+def cpu_seconds(proc: psutil.Process) -> float:
+    """User + system CPU seconds of a process and its children so far."""
+    times = proc.cpu_times()
+    children = sum(c.cpu_times().user + c.cpu_times().system for c in proc.children(recursive=True))
+    return times.user + times.system + children
+
+
 def run_setting(batch: int, args, root: Path) -> dict:
     run_dir = root / f"batch{batch}"
     run_dir.mkdir()
@@ -109,12 +118,15 @@ def run_setting(batch: int, args, root: Path) -> dict:
         with lock:
             latencies.clear()
             counted[0] = 0
+        service, clients = psutil.Process(proc.pid), psutil.Process()
+        cpu0 = (cpu_seconds(service), cpu_seconds(clients))
         t0 = time.monotonic()
         while time.monotonic() - t0 < args.seconds:
             time.sleep(1.0)
             rss.sample()
         stop.set()
         wall = time.monotonic() - t0
+        cpu = (cpu_seconds(service) - cpu0[0], cpu_seconds(clients) - cpu0[1])
         for t in threads:
             t.join(30)
         metrics = scrape("127.0.0.1", METRICS_BASE + 101)
@@ -125,6 +137,11 @@ def run_setting(batch: int, args, root: Path) -> dict:
             "queries_per_s": round(counted[0] / wall, 1),
             "latency_ms": {"p50": pct(latencies, 50), "p99": pct(latencies, 99)},
             "mean_embedding_batch": round(sizes / calls, 2) if calls else None,
+            # where the two cores went: the service's CPU time and the 64 client threads' (this process), per query
+            "cpu_ms_per_query": {
+                "service": round(1000 * cpu[0] / max(counted[0], 1), 2),
+                "clients": round(1000 * cpu[1] / max(counted[0], 1), 2),
+            },
             "rss": rss.report(),
         }
     finally:

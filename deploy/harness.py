@@ -10,7 +10,9 @@ stops every role it started before it exits (deploy/launch.py).
 from __future__ import annotations
 
 import math
+import re
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -18,9 +20,28 @@ from typing import TypeVar
 from common.process import spawn_command, stop_group
 from deploy.monitor import scrape, total
 from deploy.run_state import read_state
-from pipeline.config import load_config
+from pipeline.config import PipelineConfig, load_config
+from replay_buffer.buffer import BufferLog
 
 T = TypeVar("T")
+# what a role leaves behind when it is killed badly: vLLM's engine cores and workers, ScienceWorld's JVMs
+LEFTOVER_NAMES = re.compile(r"VLLM|java", re.I)
+
+
+def leftover_processes() -> dict[int, str]:
+    """pid -> command line of every process of the kinds a role leaves behind when it is killed badly;
+    compared before and after a run, the difference is what the run left."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                comm = (entry / "comm").read_text().strip()
+            except OSError:
+                continue
+            if LEFTOVER_NAMES.search(comm) or LEFTOVER_NAMES.search(cmdline.split(" ")[0]):
+                found[int(entry.name)] = f"{comm}: {cmdline[:200]}"
+    return found
 
 
 class RunEnded(RuntimeError):
@@ -82,3 +103,25 @@ class LaunchedRun:
         """SIGTERM the launcher, which stops every role and exits; what is left of its process
         group after `grace_s` is killed. Nothing happens to a run that has ended."""
         stop_group(self.launcher, grace_s)
+
+
+ACKNOWLEDGED = re.compile(r"episode (\S+) of group \S+ acknowledged")  # an env actor's log line
+
+
+def episode_audit(cfg: PipelineConfig) -> dict:
+    """The buffer's log of a finished run against what its env actors were told (their logs): the
+    episodes logged, those logged twice, the groups recorded as used twice, the acknowledged episodes
+    missing from the log, and the records skipped as corrupt. A clean run has every list empty."""
+    trajectories, used, found = BufferLog.read(cfg.run_path(cfg.replay_buffer.log_file))
+    logged, groups = Counter(t.episode_id for t in trajectories), Counter(used)
+    acknowledged = set()
+    for actor_log in (Path(cfg.run_dir) / "logs").glob("env_actor*.log"):
+        acknowledged |= set(ACKNOWLEDGED.findall(actor_log.read_text(errors="replace")))
+    return {
+        "logged": sum(logged.values()),
+        "acknowledged": len(acknowledged),
+        "logged_twice": sorted(e for e, n in logged.items() if n > 1),
+        "groups_used_twice": sorted(g for g, n in groups.items() if n > 1),
+        "acknowledged_not_logged": sorted(acknowledged - set(logged)),
+        "skipped_records": len(found.skipped),
+    }

@@ -32,11 +32,10 @@ from pathlib import Path
 
 import pytest
 
-from deploy.harness import LaunchedRun
+from deploy.harness import LaunchedRun, episode_audit, leftover_processes
 from deploy.monitor import scrape
 from deploy.run_state import kill_role, read_state, wait_for_role
 from learner.checkpoint import list_checkpoints
-from replay_buffer.buffer import BufferLog
 from tests.helpers import REPO
 
 # long: ~18 min on 2 cores, run by `make test-long`; `make test` keeps its short variants: the env actor
@@ -68,29 +67,13 @@ OVERRIDES = [
     "launch.restart_budget=3",
 ]
 TIMEOUT_S = 1800
-ORPHAN_NAMES = re.compile(r"VLLM|java", re.I)
-
-
-def _processes() -> dict[int, str]:
-    """pid -> command line of every process of the kinds a role leaves behind when it is killed badly."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                comm = (entry / "comm").read_text().strip()
-            except OSError:
-                continue
-            if ORPHAN_NAMES.search(comm) or ORPHAN_NAMES.search(cmdline.split(" ")[0]):
-                found[int(entry.name)] = f"{comm}: {cmdline[:200]}"
-    return found
 
 
 class Run(LaunchedRun):
     """The module's run; what was there before it, and the roles the tests killed."""
 
     def __init__(self, run_dir: Path):
-        self.processes_before, self.shm_before = set(_processes()), set(os.listdir("/dev/shm"))
+        self.processes_before, self.shm_before = set(leftover_processes()), set(os.listdir("/dev/shm"))
         super().__init__(OVERRIDES, run_dir, TIMEOUT_S, cwd=REPO)
         self.killed: set[str] = set()  # each is restarted by the end
 
@@ -232,18 +215,13 @@ def test_training_reaches_its_target_and_nothing_is_lost_or_left(run):
     assert summary["server_versions_at_end"] == [TOTAL_STEPS, TOTAL_STEPS]
 
     # the buffer's log against what the actors were told: each acknowledged episode exactly once
-    trajectories, used, found = BufferLog.read(run.cfg.run_path(run.cfg.replay_buffer.log_file))
-    assert not found.skipped, found.skipped
-    logged = [t.episode_id for t in trajectories]
-    assert len(logged) == len(set(logged)), "a trajectory logged twice"
-    assert len(used) == len(set(used)), "a group used twice"
-    acknowledged = set()
-    for actor_log in (run.run_dir / "logs").glob("env_actor*.log"):
-        acknowledged |= set(re.findall(r"episode (\S+) of group \S+ acknowledged", actor_log.read_text()))
-    assert acknowledged and acknowledged <= set(logged), acknowledged - set(logged)
+    audit = episode_audit(run.cfg)
+    assert audit["acknowledged"] and audit["logged"], audit
+    assert not (audit["logged_twice"] or audit["groups_used_twice"] or audit["acknowledged_not_logged"]), audit
+    assert not audit["skipped_records"], audit
 
     # nothing left behind by the kills: processes, shared memory
     time.sleep(2)
-    left = {pid: cmd for pid, cmd in _processes().items() if pid not in run.processes_before}
+    left = {pid: cmd for pid, cmd in leftover_processes().items() if pid not in run.processes_before}
     assert not left, left
     assert set(os.listdir("/dev/shm")) <= run.shm_before
