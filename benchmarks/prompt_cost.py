@@ -448,7 +448,7 @@ def record_prompts(cfg: PipelineConfig, builders: dict, tokenizer, lengths: list
     from common.scienceworld import ScienceWorld
 
     acfg, ecfg = cfg.env_actor, cfg.env
-    env = ScienceWorld(ecfg.simplification, step_limit=ecfg.env_step_limit)
+    env = ScienceWorld(ecfg.simplification, step_limit=ecfg.env_step_limit, max_heap_mb=ecfg.jvm_max_heap_mb)
     try:
         t = time.perf_counter()
         episodes = record_episodes(env, cfg, lengths, args.seed)

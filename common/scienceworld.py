@@ -11,6 +11,7 @@ import functools
 import importlib.util
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,9 +102,12 @@ DEFAULT_STEP_LIMIT = 100
 
 
 class ScienceWorld:
-    def __init__(self, simplification: str, step_limit: int = DEFAULT_STEP_LIMIT):  # simplification: env.simplification
+    def __init__(self, simplification: str, step_limit: int = DEFAULT_STEP_LIMIT, max_heap_mb: int = 0):
+        """simplification: env.simplification; max_heap_mb: env.jvm_max_heap_mb (0: the JVM's default)."""
         from scienceworld import ScienceWorldEnv  # starts a JVM
 
+        if max_heap_mb:  # ScienceWorldEnv takes no JVM options; every JVM reads this variable
+            os.environ["JAVA_TOOL_OPTIONS"] = f"-Xmx{max_heap_mb}m"
         self.env = ScienceWorldEnv("", envStepLimit=step_limit)
         self.closed = False
         self.simplification = simplification

@@ -275,7 +275,7 @@ def open_episode_runner(
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(run.model.name, run.model.cache_dir or None))
-    world = ScienceWorld(env.simplification, step_limit=env.env_step_limit)
+    world = ScienceWorld(env.simplification, step_limit=env.env_step_limit, max_heap_mb=env.jvm_max_heap_mb)
     budget = env_actor.prompt_budget(run.max_model_len, turn_format.max_tokens)
     if sge is not None and sge.enabled:  # the strategy and the actor's glue come before the action
         budget -= sge.max_strategy_tokens + Strategist(tokenizer).max_glue_tokens()
