@@ -1,23 +1,30 @@
-"""Memory at scale: N actors querying a real memory service at full rate, once per
-memory_service.query_batch setting (1: one embedding per query, as before; 64: the queries waiting
-together embedded in one call), the ratio to the first setting in the same run.
+"""Memory at scale: N actors querying a real memory service at full rate, once per setting of
+memory_service.query_batch and memory_service.embedding_cache, the ratio to the first setting (one
+embedding per query, no cache: what the service did before issue 26) in the same run.
 
-    .venv/bin/python -m benchmarks.memory_load [--actors 64] [--seconds 20] [--batches 1 64]
+    .venv/bin/python -m benchmarks.memory_load [--actors 64] [--seconds 20] [--settings 1:0 64:0 64:4096]
 
-Each actor is a thread with its own DEALER sending MemoryQuery after MemoryQuery (`--states`
-distinct ScienceWorld-like states in turn, so nothing is answered from a repeat) to a memory
-service started afresh per setting (`python -m pipeline empo2-memory-service`, ports away from the
-tests'), whose memory holds `--entries` entries under the queried key (stored through its own
-EpisodeReport path would need a policy server: they are written into its SQLite store before it
-starts, as a restarted service finds them). Per setting, over `--seconds` after the first answer:
-queries/s, p50/p99 latency, the mean embedding batch (its metrics), its RSS, and the CPU milliseconds per
-query of the service and of the client threads (this process: where the two cores went). Every process started
-is stopped at the end, also on an error. Results: benchmarks/README.md#memory-load.
+Each actor is a thread with its own DEALER sending MemoryQuery after MemoryQuery to a memory service
+started afresh per setting (`python -m pipeline empo2-memory-service`, ports away from the tests'),
+whose memory holds `--entries` entries under the queried key (stored through its own EpisodeReport
+path would need a policy server: they are written into its SQLite store before it starts, as a
+restarted service finds them). The states are real ScienceWorld observations (the committed
+episodes of benchmarks/results/episodes/, ~150 tokens), each new one made distinct by a line of its
+own; with probability `--repeat` a query asks again for a state its group (8 actors, one variation,
+as the buffer's groups) asked for recently, else for a new one. The default 0.42 is the rate measured
+in those episodes (17 of 40 and 45 of 109 observations repeat an earlier one of the same run).
+`--repeat 0`: every query a new state, the cache's worst case. Per setting, over `--seconds` after
+the first answer: queries/s, p50/p99 latency, the mean queries per embedding call and the cache's
+hit rate (its metrics), its RSS, and the CPU milliseconds per query of the service and of the client
+threads (this process: where the two cores went). The query stream is seeded: every setting sees the
+same one. Every process started is stopped at the end, also on an error. Results:
+benchmarks/README.md#memory-load.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import tempfile
 import threading
@@ -35,53 +42,79 @@ from deploy.monitor import scrape
 from memory_service.store import Entry, MemoryStore, memory_key
 from protocol import Client, RemoteError, RequestTimeout
 from protocol.messages import MemoryQuery, MemoryResult
+from replay_buffer.buffer import BufferLog
 
 MEMORY, NO_POLICY = "tcp://127.0.0.1:23670", "tcp://127.0.0.1:23650"
 METRICS_BASE = 33500  # memory service 33601
 TASK, VARIATION = "find-living-thing", 0
-ROOMS = ["kitchen", "hallway", "greenhouse", "bathroom", "workshop", "art studio", "bedroom", "living room"]
-OBJECTS = ["a fridge", "a sink", "a counter", "a bee", "a flower pot", "a table", "a chair", "an oven", "a cup"]
+EPISODES = Path(__file__).parent / "results" / "episodes"
+GROUP = 8  # actors sharing a variation (replay_buffer.group_size of the CPU profile)
+RECENT = 256  # a repeat asks for one of its group's last RECENT states
 
 
-def state(i: int) -> str:
-    """A look text like ScienceWorld's, distinct per i."""
-    room = ROOMS[i % len(ROOMS)]
-    seen = ", ".join(OBJECTS[(i + k) % len(OBJECTS)] for k in range(3 + i % 4))
-    return f"This room is called the {room}. In it, you see: {seen}, and item {i}. You also see: a door to the hallway."
+def observations() -> list[str]:
+    """The distinct observations of the committed real episodes, in order."""
+    texts = [o for log in sorted(EPISODES.glob("*.log")) for t in BufferLog.read(log)[0] for o in t.observations]
+    return list(dict.fromkeys(texts))
 
 
-def fill(db: Path, entries: int, dim: int = 384) -> None:
+def state(i: int, real: list[str]) -> str:
+    """A real observation with a line of its own: distinct per i, a real one's length."""
+    return f"{real[i % len(real)]}\nYou also notice item {i}."
+
+
+class StateStream:
+    """A group's queries: a recent state again with probability `repeat`, else a new one. Seeded
+    per group, so every setting of a run asks for the same states in the same order per group."""
+
+    def __init__(self, group: int, repeat: float, real: list[str]):
+        self.rng, self.repeat, self.real = random.Random(group), repeat, real
+        self.next_new, self.recent = group * 1_000_000, []
+        self.lock = threading.Lock()
+
+    def next(self) -> str:
+        with self.lock:
+            if self.recent and self.rng.random() < self.repeat:
+                return self.rng.choice(self.recent)
+            text = state(self.next_new, self.real)
+            self.next_new += 1
+            self.recent = [*self.recent[-(RECENT - 1) :], text]
+            return text
+
+
+def fill(db: Path, entries: int, real: list[str], dim: int = 384) -> None:
     """`entries` entries under the queried key, random unit vectors (the search's cost, not its hits)."""
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((entries, dim)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     store = MemoryStore(db, capacity=max(entries, 1))
     key = memory_key("task_variation", TASK, VARIATION)
-    store.add(key, [Entry(f"tip {i}", float(i % 100), state(i)) for i in range(entries)], vectors)
+    store.add(key, [Entry(f"tip {i}", float(i % 100), state(i, real)) for i in range(entries)], vectors)
     store.close()
 
 
-def overrides(run_dir: Path, batch: int) -> list[str]:
+def overrides(run_dir: Path, batch: int, cache: int) -> list[str]:
     return [
         f"run_dir={run_dir}",
         f"endpoints.memory_service={MEMORY}",
         f"endpoints.policy_servers=[{NO_POLICY}]",
         f"metrics.base_port={METRICS_BASE}",
         f"memory_service.query_batch={batch}",
+        f"memory_service.embedding_cache={cache}",
     ]
 
 
-def query_loop(offset: int, states: int, stop: threading.Event, latencies: list, counted: list, lock) -> None:
-    client, i = Client(zmq.Context.instance(), MEMORY, 60.0), offset
+def query_loop(stream: StateStream, stop: threading.Event, latencies: list, counted: list, lock) -> None:
+    client = Client(zmq.Context.instance(), MEMORY, 60.0)
     try:
         while not stop.is_set():
+            query = MemoryQuery(task=TASK, variation=VARIATION, state=stream.next())
             t0 = time.perf_counter()
             try:
-                result = client.call(MemoryQuery(task=TASK, variation=VARIATION, state=state(i % states)))
+                result = client.call(query)
             except (RequestTimeout, RemoteError):
                 continue
             assert isinstance(result, MemoryResult)
-            i += 1
             with lock:
                 latencies.append(time.perf_counter() - t0)
                 counted[0] += not stop.is_set()
@@ -96,19 +129,18 @@ def cpu_seconds(proc: psutil.Process) -> float:
     return times.user + times.system + children
 
 
-def run_setting(batch: int, args, root: Path) -> dict:
-    run_dir = root / f"batch{batch}"
+def run_setting(batch: int, cache: int, args, root: Path, real: list[str]) -> dict:
+    run_dir = root / f"batch{batch}_cache{cache}"
     run_dir.mkdir()
-    fill(run_dir / "memory.sqlite", args.entries)
-    proc = spawn_command("empo2-memory-service", overrides(run_dir, batch), root / f"memory{batch}.log")
+    fill(run_dir / "memory.sqlite", args.entries, real)
+    proc = spawn_command("empo2-memory-service", overrides(run_dir, batch, cache), run_dir / "memory.log")
     try:
         wait_ready(MEMORY)
         rss = Rss(proc.pid)
         stop, lock, latencies, counted = threading.Event(), threading.Lock(), [], [0]
+        streams = [StateStream(g, args.repeat, real) for g in range(-(-args.actors // GROUP))]
         threads = [
-            threading.Thread(
-                target=query_loop, args=(k * 1000, args.states, stop, latencies, counted, lock), daemon=True
-            )
+            threading.Thread(target=query_loop, args=(streams[k // GROUP], stop, latencies, counted, lock), daemon=True)
             for k in range(args.actors)
         ]
         for t in threads:
@@ -132,11 +164,15 @@ def run_setting(batch: int, args, root: Path) -> dict:
         metrics = scrape("127.0.0.1", METRICS_BASE + 101)
         sizes = metrics.get("empo2_memory_service_embedding_batch_size_sum", 0.0)
         calls = metrics.get("empo2_memory_service_embedding_batch_size_count", 0.0)
+        hits = metrics.get('empo2_memory_service_embedding_cache_total{result="hit"}', 0.0)
+        misses = metrics.get('empo2_memory_service_embedding_cache_total{result="miss"}', 0.0)
         return {
             "query_batch": batch,
+            "embedding_cache": cache,
             "queries_per_s": round(counted[0] / wall, 1),
             "latency_ms": {"p50": pct(latencies, 50), "p99": pct(latencies, 99)},
             "mean_embedding_batch": round(sizes / calls, 2) if calls else None,
+            "cache_hit_rate": round(hits / (hits + misses), 3) if hits + misses else None,
             # where the two cores went: the service's CPU time and the 64 client threads' (this process), per query
             "cpu_ms_per_query": {
                 "service": round(1000 * cpu[0] / max(counted[0], 1), 2),
@@ -152,21 +188,35 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--actors", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=20.0, help="per setting")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 64], help="memory_service.query_batch values")
-    parser.add_argument("--states", type=int, default=2000, help="distinct states queried in turn")
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        default=["1:0", "64:0", "64:4096"],
+        help="QUERY_BATCH:EMBEDDING_CACHE pairs; the first is the baseline",
+    )
+    parser.add_argument("--repeat", type=float, default=0.42, help="probability a query repeats a recent state")
     parser.add_argument("--entries", type=int, default=1000, help="entries under the queried key")
     parser.add_argument("--out", default="benchmarks/results/memory_load.json")
     args = parser.parse_args(argv)
     header = run_header([".venv/bin/python", "-m", "benchmarks.memory_load"], sys.argv[1:] if argv is None else argv)
+    real = observations()
     with tempfile.TemporaryDirectory(prefix="empo2-memory-load-") as tmp:
         settings = []
-        for batch in args.batches:
-            settings.append(run_setting(batch, args, Path(tmp)))
+        for setting in args.settings:
+            batch, cache = (int(x) for x in setting.split(":"))
+            settings.append(run_setting(batch, cache, args, Path(tmp), real))
             print(settings[-1], flush=True)
     base = settings[0]["queries_per_s"]
     for s in settings:
         s["queries_per_s_vs_first"] = round(s["queries_per_s"] / max(base, 1e-9), 2)
-    result = {**header, "actors": args.actors, "seconds": args.seconds, "entries": args.entries, "settings": settings}
+    result = {
+        **header,
+        "actors": args.actors,
+        "seconds": args.seconds,
+        "entries": args.entries,
+        "repeat": args.repeat,
+        "settings": settings,
+    }
     write_result(args.out, result)
     return result
 

@@ -211,6 +211,12 @@ class MemoryServiceMetrics(RoleMetrics):
         self.embedding_batch = self._histogram(
             "embedding_batch_size", "Texts embedded per call", (1, 2, 4, 8, 16, 32, 64, 128, 256)
         )
+        self.embedding_cache = Counter(
+            "empo2_memory_service_embedding_cache_total",
+            "Texts to embed, answered from memory_service.embedding_cache (hit) or embedded (miss)",
+            ["result"],
+            registry=self.registry,
+        )
         self.memory_entries = Gauge(
             "empo2_memory_service_memory_entries", "Entries per memory", ["memory"], registry=self.registry
         )

@@ -33,6 +33,10 @@ class MemoryServiceConfig:
     # MemoryQueries waiting together are embedded in one call, at most this many (1: one by one). At 64
     # actors one embedding per query answered 4-13 queries/s (benchmarks/README.md, load)
     query_batch: int = 64
+    # Recent state texts whose embedding is kept (memory_service/embedder.py; 0 = none): a repeated
+    # state is answered without the forward that is 98% of a query's time. 4096 vectors of 384
+    # floats are 6 MB.
+    embedding_cache: int = 4096
     key: MemoryKey = MemoryKey.task_variation  # one memory per task_variation | task | global
     reflection_system: str = REFLECTION_SYSTEM  # system prompt of the reflection request
     reflection_instruction: str = REFLECTION_INSTRUCTION  # closes the user turn, after the attempt
@@ -62,6 +66,7 @@ class MemoryServiceConfig:
         at_least("top_k", self.top_k, 1)
         at_least("capacity", self.capacity, 1)
         at_least("query_batch", self.query_batch, 1)
+        at_least("embedding_cache", self.embedding_cache, 0)
         at_least("reflection_steps_shown", self.reflection_steps_shown, 0)
         at_least("reflection_state_chars", self.reflection_state_chars, 0)
         at_least("reflection_prompt_tokens", self.reflection_prompt_tokens, 0)

@@ -142,7 +142,7 @@ class MemoryService:
         self.store = MemoryStore(run.run_path(self.mcfg.db_file), self.mcfg.capacity)
         self.strategies = StrategyStore(run.run_path(self.mcfg.db_file), self.mcfg.capacity)
         self.metrics.strategies.set(self.strategies.count())
-        self.embedder = Embedder(self.mcfg.embedder)
+        self.embedder = Embedder(self.mcfg.embedder, self.mcfg.embedding_cache, self.count_embedding)
         # One BLAS thread for the vector search: with two, OpenBLAS's spinning threads fight torch's
         # embedding threads for the cores (benchmarks/README.md: query p50 43.9 -> 16.4 ms at 10k).
         threadpool_limits(limits=1, user_api="blas")
@@ -337,6 +337,10 @@ class MemoryService:
     def embed(self, texts: list[str]) -> np.ndarray:
         self.metrics.embedding_batch.observe(len(texts))
         return self.embedder.embed(texts)
+
+    def count_embedding(self, embedded: int, from_cache: int) -> None:
+        self.metrics.embedding_cache.labels("miss").inc(embedded)
+        self.metrics.embedding_cache.labels("hit").inc(from_cache)
 
     def reflection_failed(self, report_id: int, report: EpisodeReport) -> None:
         """A failed reflection (timeout, error reply): the report goes to the back of the queue,

@@ -1,6 +1,7 @@
 """The memory-at-scale benchmark's short variant (benchmarks/memory_load.py): a few actors for a few
-seconds against a real memory service with queries batched (memory_service.query_batch=8): every
-query answered, and the embedding calls took several queries at once."""
+seconds against a real memory service with queries batched (memory_service.query_batch=8), without
+and with the embedding cache: every query answered, the embedding calls took several queries at
+once, and with the cache the repeated states were answered from it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,22 @@ pytestmark = pytest.mark.integration
 
 def test_short_memory_load_answers_every_query_and_batches_them(tmp_path):
     out = tmp_path / "memory_load.json"
-    memory_load.main(["--actors", "6", "--seconds", "3", "--batches", "8", "--entries", "200", "--out", str(out)])
-    [setting] = json.loads(out.read_text())["settings"]
-    assert setting["query_batch"] == 8 and setting["queries_per_s"] > 0, setting
-    assert setting["mean_embedding_batch"] > 1.0, setting  # six clients waiting together: one call for several
+    args = ["--actors", "6", "--seconds", "3", "--settings", "8:0", "8:64", "--entries", "200", "--repeat", "0.5"]
+    memory_load.main([*args, "--out", str(out)])
+    uncached, cached = json.loads(out.read_text())["settings"]
+    for setting in (uncached, cached):
+        assert setting["query_batch"] == 8 and setting["queries_per_s"] > 0, setting
+        assert setting["mean_embedding_batch"] > 1.0, setting  # six clients waiting together: one call for several
+    # embedding_cache=0: only a state asked twice in one batch is embedded once; with the cache, half the
+    # queries repeat a recent state of their group
+    assert uncached["cache_hit_rate"] < 0.2 < cached["cache_hit_rate"], (uncached, cached)
+
+
+def test_a_group_repeats_its_own_recent_states_at_the_given_rate():
+    real = ["look text a", "look text b"]
+    stream = memory_load.StateStream(0, 0.42, real)
+    texts = [stream.next() for _ in range(2000)]
+    repeats = sum(t in set(texts[:i]) for i, t in enumerate(texts))
+    assert 0.38 < repeats / len(texts) < 0.46
+    assert memory_load.StateStream(0, 0.42, real).next() == texts[0]  # seeded per group
+    assert len(memory_load.observations()) > 50  # the committed real episodes' distinct observations

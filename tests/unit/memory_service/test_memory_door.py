@@ -92,9 +92,12 @@ def test_a_stored_nan_score_never_breaks_a_result_after_restart(tmp_path):
         store.close()
 
 
-def test_queries_answered_together_get_what_each_would_get_alone(service):
+def test_queries_answered_together_get_what_each_would_get_alone(service, monkeypatch):
     """memory_service.query_batch: one embedding call for the queries waiting together; every answer
-    is the one a lone query gets (the same tips in the same order, the same count)."""
+    is the one a lone query gets (the same tips in the same order, the same count). Without the
+    embedding cache, so that every lone query is embedded alone (the cache: test_embedding_cache.py)."""
+    monkeypatch.setattr(service.embedder, "cache_texts", 0)
+    service.embedder.cache.clear()
     states = [f"This room is called the kitchen. In it, you see: a fridge and item {i}." for i in range(6)]
     vectors = service.embed(states)
     key = "boil/0"
