@@ -114,7 +114,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=8, help="synthetic: turn samples")
     parser.add_argument("--prompt-tokens", type=int, default=350, help="synthetic: prompt length")
     parser.add_argument("--response-tokens", type=int, default=12, help="synthetic: response length")
-    parser.add_argument("--packings", default="turn,episode,group")
+    parser.add_argument(
+        "--packings",
+        default="turn,episode,group",
+        help="PACKING[:MICRO_BATCH_TOKENS],...: each its own budget if given",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--micro-batch-tokens", type=int, default=LearnerConfig.micro_batch_tokens)
@@ -141,8 +145,11 @@ def measure(
     args: argparse.Namespace, cfg: LearnerConfig, trainer: Trainer, path: str, batch: list[TurnSample], result: dict
 ) -> None:
     """A timed step per packing (and the plain baseline with --plain), into `result`."""
-    for packing in args.packings.split(","):
-        step_cfg = dataclasses.replace(cfg, packing=Packing(packing))
+    for entry in args.packings.split(","):  # PACKING or PACKING:MICRO_BATCH_TOKENS
+        packing, _, budget = entry.partition(":")
+        step_cfg = dataclasses.replace(
+            cfg, packing=Packing(packing), micro_batch_tokens=int(budget or cfg.micro_batch_tokens)
+        )
         reset_peak_rss()
         seconds, stats = timed(
             lambda c=step_cfg: train_step(trainer.scorer, trainer.optimizer, batch, c, version=0),
@@ -150,13 +157,14 @@ def measure(
             args.warmup,
             args.device,
         )
-        result["packing"][packing] = {
+        result["packing"][entry] = {
+            "micro_batch_tokens": step_cfg.micro_batch_tokens,
             "step_seconds": seconds,
             "forward_tokens": stats.forward_tokens,
             "sequences": stats.segments,
             "peak_rss_mb": status_mb(field="VmHWM"),
         }
-        print(f"{packing:8} {seconds:8.1f} s/step  {stats.forward_tokens:7d} tokens forwarded", flush=True)
+        print(f"{entry:8} {seconds:8.1f} s/step  {stats.forward_tokens:7d} tokens forwarded", flush=True)
     turn = result["packing"].get("turn")
     for r in result["packing"].values():
         r["forward_tokens_per_chain_token"] = r["forward_tokens"] / result["chain_tokens"]

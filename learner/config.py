@@ -36,9 +36,9 @@ class Packing(Choice):
 
     turn = "turn"  # one sequence per turn: its whole prompt again (an episode of T turns costs ~T prompts)
     episode = "episode"  # one sequence per chain of turns (Trajectory.chain_starts): each episode scored once
-    # episode, and sequences with a common prefix (a group's system part) share it in one row through a
-    # [B, 1, L, L] mask: fewer tokens, but on CPU SDPA then runs its math kernel, and past short rows
-    # that costs more than the tokens saved (benchmarks/README.md, learner_throughput.py)
+    # episode, and sequences with a common prefix (a group's system part and first turn) share it in one
+    # row, as long as the row fits micro_batch_tokens: the linear layers see the prefix once, the
+    # attention runs per sequence (split attention, learner/policy_model.py)
     group = "group"
 
 
@@ -84,7 +84,7 @@ class LearnerConfig:
     update_epochs: int = 1  # passes over each batch, reshuffled per pass (the reference: 1)
     # padded tokens per forward pass: rows sorted by length, batched up to this; 1 = one at a time
     micro_batch_tokens: int = 4096
-    packing: Packing = Packing.episode  # turn | episode | group: how turns are laid out in the forwards
+    packing: Packing = Packing.group  # group | episode | turn: how turns are laid out in the forwards
     # r of LoRA adapters (peft) on lora_targets; 0 = full fine-tuning. Only adapters train and are pushed
     lora_rank: int = 0
     lora_alpha: float = 16.0  # LoRA scale = alpha / r

@@ -9,6 +9,13 @@ sequence is a plain causal row. A row of several lays out their longest common p
 then each sequence's remainder as a branch that attends to the prefix and to itself only, at the
 positions it has in its own sequence: every scored row is then exactly what the sequence's own
 forward gives, with the shared prefix (a group's system part and first turns) computed once.
+
+How a branch sees the prefix (Prefix Grouper's split attention): the linear layers run on the row as
+laid out, each token once; the attention runs per sequence, the prefix's queries, keys and values
+joined with the branch's, with SDPA's plain causal kernel. A [L, L] mask over the whole row would
+do the same but sends CPU SDPA to a kernel ~2x slower per score, over all the row's pairs; the split
+computes only the pairs a sequence's own forward has (the prefix's own rows once, kept from the
+first branch).
 """
 
 from __future__ import annotations
@@ -17,13 +24,44 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+SPLIT_ATTENTION = "empo2_split"  # SDPA, and split attention for the rows that share a prefix
+
+
+def split_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, prefix_rows=None, **kwargs):
+    """HF's SDPA attention, unless `prefix_rows` lays the batch out (batch_log_softmax): per row,
+    (the shared prefix's length P, the (start, end) of each branch, the first starting at P).
+    query [B, H, W, D], key / value [B, KV heads, W, D] -> [B, W, H, D]; padding gets zeros."""
+    if prefix_rows is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    key, value = repeat_kv(key, module.num_key_value_groups), repeat_kv(value, module.num_key_value_groups)
+    heads, width, dim = query.shape[1:]
+    rows = []
+    for b, (shared, branches) in enumerate(prefix_rows):
+        parts = []
+        for j, (start, end) in enumerate(branches):
+            q, k, v = (
+                torch.cat([x[b : b + 1, :, :shared], x[b : b + 1, :, start:end]], dim=2) for x in (query, key, value)
+            )
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling)  # [1, H, P + n, D]
+            parts.append(out if j == 0 else out[:, :, shared:])
+        parts.append(query.new_zeros(1, heads, width - branches[-1][1], dim))
+        rows.append(torch.cat(parts, dim=2))
+    return torch.cat(rows).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(SPLIT_ATTENTION, split_attention)
+AttentionMaskInterface.register(SPLIT_ATTENTION, sdpa_mask)
 
 
 def load_policy(model_path: str, device: str | torch.device):  # the learner's resolved device
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    # SDPA takes the boolean 4D mask of a shared-prefix row (eager attention adds float masks only)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation=SPLIT_ATTENTION)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     return model.to(device), tokenizer
 
@@ -36,6 +74,8 @@ class ResponseScorer(torch.nn.Module):
     def __init__(self, lm):
         super().__init__()
         self.lm = lm
+        if lm.config._attn_implementation != SPLIT_ATTENTION:  # a model not loaded by load_policy
+            lm.set_attn_implementation(SPLIT_ATTENTION)
 
     def forward(
         self,
@@ -44,12 +84,13 @@ class ResponseScorer(torch.nn.Module):
         rows: torch.Tensor,
         position_ids: torch.Tensor | None = None,
         inverse_temperature: torch.Tensor | None = None,
+        prefix_rows: list[tuple[int, list[tuple[int, int]]]] | None = None,
     ) -> torch.Tensor:
-        """[B, L] ids, a [B, L] padding mask or a [B, 1, L, L] boolean attention mask, [N] rows of
-        the flattened [B*L] positions -> [N, V] log-softmax, of the logits times
-        `inverse_temperature` [N] when given (each row at the temperature it was sampled at)."""
+        """[B, L] ids, a [B, L] padding mask, [N] rows of the flattened [B*L] positions -> [N, V]
+        log-softmax, of the logits times `inverse_temperature` [N] when given (each row at the
+        temperature it was sampled at). `prefix_rows`: rows with a shared prefix (split_attention)."""
         hidden = self.lm.get_decoder()(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, prefix_rows=prefix_rows
         ).last_hidden_state  # [B, L, H]
         logits = self.lm.get_output_embeddings()(hidden.flatten(0, 1)[rows]).float()  # [N, V]
         if inverse_temperature is not None:
@@ -102,6 +143,8 @@ class _Row:
     positions: np.ndarray  # [W] each token's position in its own sequence
     branch: np.ndarray  # [W] 0 = the shared prefix, b >= 1 = the b-th sequence's remainder
     rows: np.ndarray  # [ΣT] flat positions whose hidden state predicts each scored token
+    shared: int  # the prefix's length
+    bounds: list[tuple[int, int]]  # (start, end) of each branch in the row
 
 
 def layout_row(seqs: list[Scored]) -> _Row:
@@ -111,7 +154,7 @@ def layout_row(seqs: list[Scored]) -> _Row:
     its branch."""
     shared = shared_prefix(seqs)
     tokens, positions, branch, rows = [seqs[0].tokens[:shared]], [np.arange(shared)], [np.zeros(shared, int)], []
-    offset = shared
+    offset, bounds = shared, []
     for b, seq in enumerate(seqs, start=1):
         rest = len(seq.tokens) - shared
         tokens.append(seq.tokens[shared:])
@@ -120,8 +163,11 @@ def layout_row(seqs: list[Scored]) -> _Row:
         for start, n in seq.spans:
             q = np.arange(start - 1, start + n - 1)
             rows.append(np.where(q < shared, q, offset + q - shared))
+        bounds.append((offset, offset + rest))
         offset += rest
-    return _Row(np.concatenate(tokens), np.concatenate(positions), np.concatenate(branch), np.concatenate(rows))
+    return _Row(
+        np.concatenate(tokens), np.concatenate(positions), np.concatenate(branch), np.concatenate(rows), shared, bounds
+    )
 
 
 def row_length(seqs: list[Scored]) -> int:
@@ -136,8 +182,8 @@ def batch_log_softmax(model, batch: list[list[Scored]]) -> torch.Tensor:
     distribution its tokens were sampled from). `model` is a ResponseScorer or a plain HF LM.
 
     The rows run as one right-padded batch. Under causal attention a position never attends to the
-    padding after it, so each row equals its own unpadded forward; a row with a shared prefix gets a
-    [B, 1, L, L] mask in which a branch sees the prefix and itself, at its own sequence's positions."""
+    padding after it, so each row equals its own unpadded forward; in a batch with a shared-prefix
+    row, a branch sees the prefix and itself, at its own sequence's positions (split_attention)."""
     scorer = model if isinstance(model, ResponseScorer) else ResponseScorer(model)
     device = next(scorer.parameters()).device
     laid = [layout_row(seqs) for seqs in batch]
@@ -156,13 +202,11 @@ def batch_log_softmax(model, batch: list[list[Scored]]) -> torch.Tensor:
         if tempered
         else None  # all at 1: the plain log-softmax
     )
+    padding = (branch >= 0).long().to(device)
     if all(len(seqs) == 1 for seqs in batch):
-        return scorer(input_ids.to(device), (branch >= 0).long().to(device), rows.to(device), None, inverse)
-    key, query = branch[:, None, :], branch[:, :, None]  # [B, 1, L] and [B, L, 1]
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    allowed = causal & (key >= 0) & ((key == 0) | (key == query))
-    allowed |= torch.eye(width, dtype=torch.bool)  # a padding query sees itself (no empty softmax row)
-    return scorer(input_ids.to(device), allowed[:, None].to(device), rows.to(device), positions.to(device), inverse)
+        return scorer(input_ids.to(device), padding, rows.to(device), None, inverse)
+    prefix_rows = [(r.shared, r.bounds) for r in laid]
+    return scorer(input_ids.to(device), padding, rows.to(device), positions.to(device), inverse, prefix_rows)
 
 
 def token_logprobs(log_softmax: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
