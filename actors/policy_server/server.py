@@ -26,7 +26,7 @@ import zmq
 import zmq.asyncio
 
 from actors.policy_server.config import PolicyServerConfig
-from actors.policy_server.weight_receiver import WeightAssembler, WeightUpdateError
+from actors.policy_server.weight_receiver import WeightAssembler, WeightUpdateError, remove_dead_staged_files
 from common.config import RunFacts, WeightSyncConfig
 from common.heartbeat import HEARTBEAT, beat
 from common.logs import setup_logging
@@ -69,6 +69,8 @@ class PolicyServer:
         self.metrics = PolicyServerMetrics()
         self.metrics.policy_version.set(-1)  # no engine yet
         self.engine = None  # created in run(): the socket answers Ping (ready=False) meanwhile
+        for path in remove_dead_staged_files(self.scfg.weight_staging_dir):  # what a killed predecessor left
+            log.info("removed %s, staged by a policy server that is gone", path)
         self.assembler = WeightAssembler(self.scfg.weight_staging_dir, f"{os.getpid()}-{index}")
         # WeightFile paths are read only from these (weight_sync.method=shm: /dev/shm; =checkpoint: this run's checkpoints)
         self.weight_dirs = [os.path.realpath(d) for d in [*self.scfg.allowed_weight_dirs, run.run_path("checkpoints")]]

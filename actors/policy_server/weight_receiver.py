@@ -9,6 +9,8 @@ written once, into the staging file (protocol/weight_file.py).
 from __future__ import annotations
 
 import math
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +26,33 @@ NAMES_IN_ERROR = 5
 
 class WeightUpdateError(ValueError):
     pass
+
+
+STAGED = re.compile(r"empo2-weights-(\d+)-\d+\.safetensors")  # WeightAssembler's file: pid, then server index
+
+
+def remove_dead_staged_files(staging_dir: str | Path) -> list[Path]:
+    """Unlink the staged weight files of policy servers that are no longer alive: a server killed
+    between staging an update and the engine's load leaves its file (a model's weights, in /dev/shm
+    by default), and nobody else would remove it. A server calls this as it starts. The paths removed."""
+    removed = []
+    for path in Path(staging_dir).glob("empo2-weights-*-*.safetensors"):
+        match = STAGED.fullmatch(path.name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def frame_tensors(metas: list[TensorMeta], buffers) -> list[tuple[str, torch.Tensor]]:

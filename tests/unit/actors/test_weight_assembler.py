@@ -5,6 +5,8 @@ that never complete cannot take the host's memory."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -54,3 +56,25 @@ def test_chunks_over_the_bound_are_dropped_and_refused(tmp_path):
     for _ in range(100):
         bounded.add(many[0])
     assert bounded._held_bytes == 4096
+
+
+def test_a_starting_server_removes_the_files_staged_by_dead_servers(tmp_path):
+    """A server SIGKILLed between staging an update and the engine's load leaves its file (the chaos
+    soak found one in /dev/shm): the next server to start removes it, and leaves a living server's,
+    the learner's and other files alone."""
+    import subprocess
+
+    from actors.policy_server.weight_receiver import remove_dead_staged_files
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    names = [
+        f"empo2-weights-{dead.pid}-0.safetensors",  # a dead server's staged update
+        f"empo2-weights-{os.getpid()}-1.safetensors",  # a living server's
+        "empo2-weights-run7.safetensors",  # the learner's shm file (weight_sync.method=shm)
+        "psm_1234",
+    ]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    assert remove_dead_staged_files(tmp_path) == [tmp_path / names[0]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
