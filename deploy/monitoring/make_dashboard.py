@@ -91,6 +91,14 @@ PANELS = [
     ),
     ("Reflection queue depth", "none", ["empo2_memory_service_reflection_queue_depth"]),
     (
+        "Memory embedding cache hit rate",
+        "percentunit",
+        [
+            'rate(empo2_memory_service_embedding_cache_total{result="hit"}[5m])'
+            " / sum(rate(empo2_memory_service_embedding_cache_total[5m]))"
+        ],
+    ),
+    (
         "Weight push time (p50)",
         "s",
         ["histogram_quantile(0.5, sum by (le) (rate(empo2_learner_weight_push_seconds_bucket[15m])))"],
