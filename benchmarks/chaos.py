@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import sys
@@ -302,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop", type=float, nargs=2, default=[5.0, 30.0], help="seconds a SIGSTOP lasts")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--actors", type=int, default=2, help="launch.num_env_actors")
-    parser.add_argument("--run-dir", default=None, help="default: a temporary directory, removed at the end")
+    parser.add_argument(
+        "--run-dir", default=None, help="default: a temporary directory, removed at the end if the audit is clean"
+    )
     parser.add_argument("--out", default=str(RESULTS / "chaos.json"))
     args = parser.parse_args(argv)
     header = run_header([".venv/bin/python", "-m", "benchmarks.chaos"], sys.argv[1:] if argv is None else argv)
@@ -321,33 +324,35 @@ def main(argv: list[str] | None = None) -> int:
         "launch.progress_every_s=30",
     ]
     before = (set(leftover_processes()), set(os.listdir("/dev/shm")))
-    with tempfile.TemporaryDirectory(prefix="empo2-chaos-") as tmp:
-        run = LaunchedRun(overrides, Path(args.run_dir or tmp) / "run", args.minutes * 60 * 3, cwd=REPO)
-        injected: list[Injected] = []
-        sampler = Sampler(run)
-        try:
-            run.wait_for("the first learner step", lambda: run.metric("learner", "empo2_learner_steps_total") >= 1, 2)
-            sampler.t0 = time.monotonic()  # the schedule's clock starts at the first learner step
-            sampler.start()
-            print(f"[chaos] first learner step: {len(faults)} faults over {args.minutes:g} min", flush=True)
-            for fault in faults:
-                while sampler.since() < fault.at_s and run.alive():
-                    time.sleep(0.5)
-                if not run.alive():
-                    break
-                if (done := inject(run, fault, sampler)) is not None:
-                    injected.append(done)
-            rc = run.wait()
-        finally:
-            sampler.stopped.set()
-            run.stop(grace_s=180)
-        sampler.join(5)
-        summary = (
-            json.loads((run.run_dir / "summary.json").read_text()) if (run.run_dir / "summary.json").exists() else {}
-        )
-        recovery(injected, sampler.rows)
-        report = audit(run, rc, summary, injected, sampler.rows, before, args.steps)
+    root = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="empo2-chaos-"))
+    run = LaunchedRun(overrides, root / "run", args.minutes * 60 * 3, cwd=REPO)
+    injected: list[Injected] = []
+    sampler = Sampler(run)
+    try:
+        run.wait_for("the first learner step", lambda: run.metric("learner", "empo2_learner_steps_total") >= 1, 2)
+        sampler.t0 = time.monotonic()  # the schedule's clock starts at the first learner step
+        sampler.start()
+        print(f"[chaos] first learner step: {len(faults)} faults over {args.minutes:g} min", flush=True)
+        for fault in faults:
+            while sampler.since() < fault.at_s and run.alive():
+                time.sleep(0.5)
+            if not run.alive():
+                break
+            if (done := inject(run, fault, sampler)) is not None:
+                injected.append(done)
+        rc = run.wait()
+    finally:
+        sampler.stopped.set()
+        run.stop(grace_s=180)
+    sampler.join(5)
+    summary = json.loads((run.run_dir / "summary.json").read_text()) if (run.run_dir / "summary.json").exists() else {}
+    recovery(injected, sampler.rows)
+    report = audit(run, rc, summary, injected, sampler.rows, before, args.steps)
     clean = not any(v for k, v in report.items() if k != "episode_counts")
+    if not args.run_dir and clean:
+        shutil.rmtree(root, ignore_errors=True)
+    elif not clean:  # the logs say what the audit cannot (a version's path through the pushes, a restart)
+        print(f"[chaos] the audit is not clean: the run's logs are kept in {root / 'run'}", flush=True)
     result = {
         **header,
         "profile": args.profile,
