@@ -122,11 +122,11 @@ def query_loop(stream: StateStream, stop: threading.Event, latencies: list, coun
         client.close()
 
 
-def cpu_seconds(proc: psutil.Process) -> float:
-    """User + system CPU seconds of a process and its children so far."""
+def cpu_seconds(proc: psutil.Process, children: bool = True) -> float:
+    """User + system CPU seconds of a process (and its children) so far."""
     times = proc.cpu_times()
-    children = sum(c.cpu_times().user + c.cpu_times().system for c in proc.children(recursive=True))
-    return times.user + times.system + children
+    below = proc.children(recursive=True) if children else []
+    return times.user + times.system + sum(c.cpu_times().user + c.cpu_times().system for c in below)
 
 
 def run_setting(batch: int, cache: int, args, root: Path, real: list[str]) -> dict:
@@ -151,14 +151,14 @@ def run_setting(batch: int, cache: int, args, root: Path, real: list[str]) -> di
             latencies.clear()
             counted[0] = 0
         service, clients = psutil.Process(proc.pid), psutil.Process()
-        cpu0 = (cpu_seconds(service), cpu_seconds(clients))
+        cpu0 = (cpu_seconds(service), cpu_seconds(clients, children=False))  # the service is this one's child
         t0 = time.monotonic()
         while time.monotonic() - t0 < args.seconds:
             time.sleep(1.0)
             rss.sample()
         stop.set()
         wall = time.monotonic() - t0
-        cpu = (cpu_seconds(service) - cpu0[0], cpu_seconds(clients) - cpu0[1])
+        cpu = (cpu_seconds(service) - cpu0[0], cpu_seconds(clients, children=False) - cpu0[1])
         for t in threads:
             t.join(30)
         metrics = scrape("127.0.0.1", METRICS_BASE + 101)
