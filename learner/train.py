@@ -295,13 +295,17 @@ class Learner:
             t0 = time.perf_counter()
             stats = self.trainer.step(batch.trajectories, timer)
             step_s = time.perf_counter() - t0
+            # The checkpoint first: a version a server serves, or a batch the buffer forgets, is one a
+            # restarted learner resumes after. Pushed first, a learner killed before its checkpoint
+            # left the servers a version it no longer had, and its resumed self pushed them back to
+            # the one before (the chaos soak: v8, then v7 again).
+            if self.lcfg.checkpoint_every and self.version % self.lcfg.checkpoint_every == 0:
+                with timer.phase("checkpoint"):
+                    self.save_checkpoint()
             if self.is_rank0:  # used: the buffer may forget its groups (unconfirmed, they are served again)
                 self.confirm(batch.batch_id)
             with timer.phase("push"):
                 push = self.push()
-            if self.lcfg.checkpoint_every and self.version % self.lcfg.checkpoint_every == 0:
-                with timer.phase("checkpoint"):
-                    self.save_checkpoint()
             if self.is_rank0:
                 self.publish(step_record(self.version, batch.trajectories, stats, timer.seconds, step_s, push))
         return self.finish()
