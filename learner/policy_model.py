@@ -141,7 +141,6 @@ def shared_prefix(seqs: list[Scored]) -> int:
 class _Row:
     tokens: np.ndarray  # [W] the prefix once, then every branch
     positions: np.ndarray  # [W] each token's position in its own sequence
-    branch: np.ndarray  # [W] 0 = the shared prefix, b >= 1 = the b-th sequence's remainder
     rows: np.ndarray  # [ΣT] flat positions whose hidden state predicts each scored token
     shared: int  # the prefix's length
     bounds: list[tuple[int, int]]  # (start, end) of each branch in the row
@@ -153,21 +152,18 @@ def layout_row(seqs: list[Scored]) -> _Row:
     (start, n) is predicted at positions start-1 .. start+n-2 of its sequence, in the prefix or in
     its branch."""
     shared = shared_prefix(seqs)
-    tokens, positions, branch, rows = [seqs[0].tokens[:shared]], [np.arange(shared)], [np.zeros(shared, int)], []
+    tokens, positions, rows = [seqs[0].tokens[:shared]], [np.arange(shared)], []
     offset, bounds = shared, []
-    for b, seq in enumerate(seqs, start=1):
+    for seq in seqs:
         rest = len(seq.tokens) - shared
         tokens.append(seq.tokens[shared:])
         positions.append(np.arange(shared, len(seq.tokens)))
-        branch.append(np.full(rest, b))
         for start, n in seq.spans:
             q = np.arange(start - 1, start + n - 1)
             rows.append(np.where(q < shared, q, offset + q - shared))
         bounds.append((offset, offset + rest))
         offset += rest
-    return _Row(
-        np.concatenate(tokens), np.concatenate(positions), np.concatenate(branch), np.concatenate(rows), shared, bounds
-    )
+    return _Row(np.concatenate(tokens), np.concatenate(positions), np.concatenate(rows), shared, bounds)
 
 
 def row_length(seqs: list[Scored]) -> int:
@@ -189,11 +185,11 @@ def batch_log_softmax(model, batch: list[list[Scored]]) -> torch.Tensor:
     laid = [layout_row(seqs) for seqs in batch]
     width = max(len(r.tokens) for r in laid)
     input_ids = torch.zeros(len(laid), width, dtype=torch.long)
-    branch = torch.full((len(laid), width), -1, dtype=torch.long)  # -1: padding
+    padding = torch.zeros(len(laid), width, dtype=torch.long)  # 1 = a token, 0 = padding
     positions = torch.zeros(len(laid), width, dtype=torch.long)
     for b, r in enumerate(laid):
         input_ids[b, : len(r.tokens)] = torch.from_numpy(r.tokens.astype(np.int64))
-        branch[b, : len(r.tokens)] = torch.from_numpy(r.branch)
+        padding[b, : len(r.tokens)] = 1
         positions[b, : len(r.tokens)] = torch.from_numpy(r.positions)
     rows = torch.from_numpy(np.concatenate([r.rows + b * width for b, r in enumerate(laid)]))
     tempered = any(s.tempered for seqs in batch for s in seqs)
@@ -202,7 +198,7 @@ def batch_log_softmax(model, batch: list[list[Scored]]) -> torch.Tensor:
         if tempered
         else None  # all at 1: the plain log-softmax
     )
-    padding = (branch >= 0).long().to(device)
+    padding = padding.to(device)
     if all(len(seqs) == 1 for seqs in batch):
         return scorer(input_ids.to(device), padding, rows.to(device), None, inverse)
     prefix_rows = [(r.shared, r.bounds) for r in laid]

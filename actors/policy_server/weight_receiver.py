@@ -9,7 +9,6 @@ written once, into the staging file (protocol/weight_file.py).
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import torch
 
 from common.lora import lora_merged
+from common.process import alive
 from protocol.messages import TensorMeta, WeightChunk
 from protocol.weight_file import SAFETENSORS_DTYPES, bytes_tensor, weights_checksum, write_weight_file
 
@@ -38,21 +38,11 @@ def remove_dead_staged_files(staging_dir: str | Path) -> list[Path]:
     removed = []
     for path in Path(staging_dir).glob("empo2-weights-*-*.safetensors"):
         match = STAGED.fullmatch(path.name)
-        if match is None or _alive(int(match.group(1))):
+        if match is None or alive(int(match.group(1))):
             continue
         path.unlink(missing_ok=True)
         removed.append(path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def frame_tensors(metas: list[TensorMeta], buffers) -> list[tuple[str, torch.Tensor]]:
