@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
@@ -9,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from common.process import release_free_heap, status_mb
 from tests.helpers import REPO
 
 SUPERVISOR = """
@@ -142,3 +145,23 @@ def test_shared_memory_a_child_left_is_released_without_a_leak_warning(tmp_path)
     assert "leaked shared_memory" in control.stderr  # the tracker unlinked it, and warned
     assert release.stdout.split() == ["held", "True", "True", "released", "True", "left", "False"], release.stderr
     assert "leaked" not in release.stderr and "Traceback" not in release.stderr, release.stderr
+
+
+def test_release_free_heap_returns_the_holes_a_freed_step_leaves():
+    """Blocks freed between blocks still in use stay resident until the heap is trimmed (what a
+    learner step's activations leave); release_free_heap gives them back."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    block = 64 * 1024  # below glibc's mmap threshold: from the heap
+    blocks = [libc.malloc(block) for _ in range(3000)]
+    for b in blocks:
+        ctypes.memset(b, 1, block)  # resident
+    for b in blocks[::2]:
+        libc.free(b)  # holes between blocks in use: free() alone keeps them
+    held = status_mb()
+    assert release_free_heap()
+    released = held - status_mb()
+    for b in blocks[1::2]:
+        libc.free(b)
+    assert released > 0.6 * 1500 * block / 2**20, f"{released:.0f} MB given back"
