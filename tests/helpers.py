@@ -27,6 +27,11 @@ REPO = Path(__file__).resolve().parents[1]
 TEST_RUN_ENV = "EMPO2_TEST_RUN"
 
 
+# The fixed ports of the integration tests (endpoints and metrics.base_port blocks) lie below 32768:
+# Linux's ephemeral range (32768..60999 by default) hands its ports to outgoing connections, which
+# made a test's bind fail now and then with "Address already in use".
+
+
 def free_port() -> int:
     """A loopback TCP port nothing listens on (yet)."""
     with socket.socket() as s:

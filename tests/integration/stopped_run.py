@@ -23,10 +23,10 @@ STOPPED_RUN_READY_ENV = "EMPO2_STOPPED_RUN_READY"
 TIMEOUT_S = 900
 OVERRIDES = [
     "profile=e2e",
-    "endpoints.policy_servers=[tcp://127.0.0.1:41550]",
-    "endpoints.replay_buffer=tcp://127.0.0.1:41560",
-    "endpoints.memory_service=tcp://127.0.0.1:41570",
-    "metrics.base_port=40100",
+    "endpoints.policy_servers=[tcp://127.0.0.1:13550]",
+    "endpoints.replay_buffer=tcp://127.0.0.1:13560",
+    "endpoints.memory_service=tcp://127.0.0.1:13570",
+    "metrics.base_port=14100",
     f"launch.timeout_s={TIMEOUT_S}",
 ]
 

@@ -26,8 +26,8 @@ from tests.helpers import REPO
 
 pytestmark = pytest.mark.integration
 TASK = "find-animal"
-SERVER, RELAY, MEMORY = "tcp://127.0.0.1:41550", "tcp://127.0.0.1:41551", "tcp://127.0.0.1:41570"
-METRICS_BASE = 40000  # 40000..40999: disjoint from the other tests' metrics blocks and from the endpoints above
+SERVER, RELAY, MEMORY = "tcp://127.0.0.1:15550", "tcp://127.0.0.1:15551", "tcp://127.0.0.1:15570"
+METRICS_BASE = 16000  # 16000..16999: disjoint from the other tests' metrics blocks and from the endpoints above
 RUN_S = 600
 
 

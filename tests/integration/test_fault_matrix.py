@@ -41,14 +41,14 @@ from tests.helpers import REPO
 # long: ~18 min on 2 cores, run by `make test-long`; `make test` keeps its short variants: the env actor
 # and replay buffer kills of test_operations.py, the memory service's kill -9 in test_memory_durability.py
 pytestmark = [pytest.mark.e2e, pytest.mark.long]
-BASE = 37100  # metrics.base_port: servers 37100, buffer 37200, memory 37201, launcher 37202, learner 37300, ...
+BASE = 12100  # metrics.base_port: servers 12100, buffer 12200, memory 12201, launcher 12202, learner 12300, ...
 # the learner is killed after step 2 and resumes; the steps after it keep the run going until every
 # kill has been checked (with 3 ready groups the learner can take 3 steps without new episodes: at 4
 # steps the run ended before the restarted policy server had generated)
 TOTAL_STEPS = 8
 OVERRIDES = [
     "profile=e2e",
-    "endpoints.policy_servers=[tcp://127.0.0.1:36550,tcp://127.0.0.1:36551]",
+    "endpoints.policy_servers=[tcp://127.0.0.1:11550,tcp://127.0.0.1:11551]",
     # a hung role is found by these timeouts (the defaults, minutes, suit a slow CPU start-up)
     "env_actor.generate_timeout_s=60",
     "learner.push_timeout_s=45",
@@ -57,8 +57,8 @@ OVERRIDES = [
     # the profile's one open and one ready group they stop too, and none asks the hung server
     "replay_buffer.max_open_groups=3",
     "replay_buffer.max_ready_groups=3",
-    "endpoints.replay_buffer=tcp://127.0.0.1:36560",
-    "endpoints.memory_service=tcp://127.0.0.1:36570",
+    "endpoints.replay_buffer=tcp://127.0.0.1:11560",
+    "endpoints.memory_service=tcp://127.0.0.1:11570",
     f"metrics.base_port={BASE}",
     f"learner.total_steps={TOTAL_STEPS}",
     "learner.checkpoint_every=1",  # the learner's kill loses at most the step it was taking

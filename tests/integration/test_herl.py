@@ -18,14 +18,14 @@ from replay_buffer.buffer import BufferLog
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.e2e
-BASE = 52100  # metrics.base_port: server 52100, buffer 52200, memory 52201, launcher 52202, learner 52300, ...
+BASE = 18100  # metrics.base_port: server 18100, buffer 18200, memory 18201, launcher 18202, learner 18300, ...
 OVERRIDES = [
     "profile=e2e",
     "preset=empo2_herl",
     "herl.max_candidates=1",  # one guided episode per unsolved group: the run stays short
-    "endpoints.policy_servers=[tcp://127.0.0.1:53550]",
-    "endpoints.replay_buffer=tcp://127.0.0.1:53560",
-    "endpoints.memory_service=tcp://127.0.0.1:53570",
+    "endpoints.policy_servers=[tcp://127.0.0.1:17550]",
+    "endpoints.replay_buffer=tcp://127.0.0.1:17560",
+    "endpoints.memory_service=tcp://127.0.0.1:17570",
     f"metrics.base_port={BASE}",
     "launch.progress_every_s=15",
 ]

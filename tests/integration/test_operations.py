@@ -72,14 +72,14 @@ from tests.helpers import REPO, ping_answered
 
 pytestmark = pytest.mark.e2e
 BASE = (
-    33100  # metrics.base_port: servers 33100, buffer 33200, memory 33201, launcher 33202, learner 33300, actors 33400..
+    20100  # metrics.base_port: servers 20100, buffer 20200, memory 20201, launcher 20202, learner 20300, actors 20400..
 )
-PROMETHEUS = "127.0.0.1:35990"
+PROMETHEUS = "127.0.0.1:19990"
 OVERRIDES = [
     "profile=e2e",
-    "endpoints.policy_servers=[tcp://127.0.0.1:35550]",
-    "endpoints.replay_buffer=tcp://127.0.0.1:35560",
-    "endpoints.memory_service=tcp://127.0.0.1:35570",
+    "endpoints.policy_servers=[tcp://127.0.0.1:19550]",
+    "endpoints.replay_buffer=tcp://127.0.0.1:19560",
+    "endpoints.memory_service=tcp://127.0.0.1:19570",
     f"metrics.base_port={BASE}",
     "launch.progress_every_s=10",
     "launch.backoff_s=3",

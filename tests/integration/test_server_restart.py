@@ -22,13 +22,13 @@ from deploy.run_state import kill_role, read_state, wait_for_role
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.e2e
-BASE = 50100  # metrics.base_port: server 50100, buffer 50200, memory 50201, launcher 50202, learner 50300, ...
+BASE = 22100  # metrics.base_port: server 22100, buffer 22200, memory 22201, launcher 22202, learner 22300, ...
 TOTAL_STEPS = 6  # 3 before the kill; up to two complete groups may wait then, so the 6th needs the restarted server
 OVERRIDES = [
     "profile=e2e",
-    "endpoints.policy_servers=[tcp://127.0.0.1:51550]",
-    "endpoints.replay_buffer=tcp://127.0.0.1:51560",
-    "endpoints.memory_service=tcp://127.0.0.1:51570",
+    "endpoints.policy_servers=[tcp://127.0.0.1:21550]",
+    "endpoints.replay_buffer=tcp://127.0.0.1:21560",
+    "endpoints.memory_service=tcp://127.0.0.1:21570",
     f"metrics.base_port={BASE}",
     f"learner.total_steps={TOTAL_STEPS}",
     # an actor's generation in flight on the killed server is given up after this (default 300 s)

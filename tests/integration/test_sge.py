@@ -22,14 +22,14 @@ from replay_buffer.buffer import BufferLog
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.e2e
-BASE = 58100  # metrics.base_port: server 58100, buffer 58200, memory 58201, launcher 58202, learner 58300, ...
+BASE = 24100  # metrics.base_port: server 24100, buffer 24200, memory 24201, launcher 24202, learner 24300, ...
 OVERRIDES = [
     "profile=e2e",
     "preset=empo2_sge",
     "sge.max_strategy_tokens=24",  # short strategies: the run stays short
-    "endpoints.policy_servers=[tcp://127.0.0.1:59550]",
-    "endpoints.replay_buffer=tcp://127.0.0.1:59560",
-    "endpoints.memory_service=tcp://127.0.0.1:59570",
+    "endpoints.policy_servers=[tcp://127.0.0.1:23550]",
+    "endpoints.replay_buffer=tcp://127.0.0.1:23560",
+    "endpoints.memory_service=tcp://127.0.0.1:23570",
     f"metrics.base_port={BASE}",
     "launch.progress_every_s=15",
 ]

@@ -26,10 +26,10 @@ OVERRIDES = [
     "replay_buffer.max_ready_groups=2",
     "learner.max_staleness=4",
     f"learner.total_steps={STEPS}",
-    "endpoints.policy_servers=[tcp://127.0.0.1:38550]",
-    "endpoints.replay_buffer=tcp://127.0.0.1:38560",
-    "endpoints.memory_service=tcp://127.0.0.1:38570",
-    "metrics.base_port=36100",
+    "endpoints.policy_servers=[tcp://127.0.0.1:10550]",
+    "endpoints.replay_buffer=tcp://127.0.0.1:10560",
+    "endpoints.memory_service=tcp://127.0.0.1:10570",
+    "metrics.base_port=6100",
     "launch.timeout_s=900",  # the launcher stops every role by then, whatever happens
 ]
 

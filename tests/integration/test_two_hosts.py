@@ -23,7 +23,7 @@ from pipeline.roles import LEARNER_TOKEN_ENV
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.e2e
-PORTS = {"policy_server": 36550, "replay_buffer": 36560, "memory_service": 36570}
+PORTS = {"policy_server": 8550, "replay_buffer": 8560, "memory_service": 8570}
 TIMEOUT_S = 600
 
 
