@@ -307,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         "--run-dir", default=None, help="default: a temporary directory, removed at the end if the audit is clean"
     )
     parser.add_argument("--out", default=str(RESULTS / "chaos.json"))
+    parser.add_argument("overrides", nargs="*", help="more key=value overrides (e.g. learner.micro_batch_tokens=4096)")
     args = parser.parse_args(argv)
     header = run_header([".venv/bin/python", "-m", "benchmarks.chaos"], sys.argv[1:] if argv is None else argv)
     faults = schedule(args.seed, args.minutes, tuple(args.gap), tuple(args.stop))
@@ -322,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         "launch.backoff_s=2",
         f"launch.timeout_s={args.minutes * 60 * 3}",
         "launch.progress_every_s=30",
+        *args.overrides,
     ]
     before = (set(leftover_processes()), set(os.listdir("/dev/shm")))
     root = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="empo2-chaos-"))

@@ -1,8 +1,12 @@
 """Memory at scale: N actors querying a real memory service at full rate, once per setting of
-memory_service.query_batch and memory_service.embedding_cache, the ratio to the first setting (one
-embedding per query, no cache: what the service did before issue 26) in the same run.
+memory_service.query_batch, embedding_cache, embedding_max_tokens and embedding_dtype, the ratio to
+the first setting (one float32 embedding of the whole state per query, no cache: what the service did
+before issue 26) in the same run.
 
-    .venv/bin/python -m benchmarks.memory_load [--actors 64] [--seconds 20] [--settings 1:0 64:0 64:4096]
+    .venv/bin/python -m benchmarks.memory_load [--actors 64] [--seconds 20] [--settings 1:0 64:0 64:4096 64:4096:128:auto]
+
+A setting is QUERY_BATCH:EMBEDDING_CACHE[:EMBEDDING_MAX_TOKENS:EMBEDDING_DTYPE]; without the last two,
+the embedder's own limit (0) and float32.
 
 Each actor is a thread with its own DEALER sending MemoryQuery after MemoryQuery to a memory service
 started afresh per setting (`python -m pipeline empo2-memory-service`, ports away from the tests'),
@@ -16,7 +20,8 @@ in those episodes (17 of 40 and 45 of 109 observations repeat an earlier one of 
 `--repeat 0`: every query a new state, the cache's worst case. Per setting, over `--seconds` after
 the first answer: queries/s, p50/p99 latency, the mean queries per embedding call and the cache's
 hit rate (its metrics), its RSS, and the CPU milliseconds per query of the service and of the client
-threads (this process: where the two cores went). The query stream is seeded: every setting sees the
+threads (this process: where the two cores went), and how far its answers are from the first
+setting's (agreement: the retrieval decisions on pairs of the real observations). The query stream is seeded: every setting sees the
 same one. Every process started is stopped at the end, also on an error. Results:
 benchmarks/README.md#memory-load.
 """
@@ -29,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +45,8 @@ from benchmarks.load import Rss, pct, wait_ready
 from benchmarks.record import run_header, write_result
 from common.process import spawn_command, stop_group
 from deploy.monitor import scrape
+from memory_service.config import EMBEDDED_EMBEDDER, MemoryServiceConfig
+from memory_service.embedder import Embedder, uses_bf16
 from memory_service.store import Entry, MemoryStore, memory_key
 from protocol import Client, RemoteError, RequestTimeout
 from protocol.messages import MemoryQuery, MemoryResult
@@ -93,14 +101,47 @@ def fill(db: Path, entries: int, real: list[str], dim: int = 384) -> None:
     store.close()
 
 
-def overrides(run_dir: Path, batch: int, cache: int) -> list[str]:
+@dataclass(frozen=True)
+class Setting:
+    query_batch: int
+    embedding_cache: int
+    embedding_max_tokens: int = 0
+    embedding_dtype: str = "float32"
+
+    @classmethod
+    def parse(cls, text: str) -> Setting:
+        parts = text.split(":")
+        if len(parts) not in (2, 4):
+            raise SystemExit(f"--settings {text}: QUERY_BATCH:EMBEDDING_CACHE[:EMBEDDING_MAX_TOKENS:EMBEDDING_DTYPE]")
+        return cls(*(int(x) for x in parts[:3]), *parts[3:])
+
+
+def embed_as(setting: Setting, texts: list[str]) -> np.ndarray:
+    """The vectors the service would give `texts` under `setting` (one lone call, no cache)."""
+    bf16 = uses_bf16(setting.embedding_dtype)
+    return Embedder(EMBEDDED_EMBEDDER, max_tokens=setting.embedding_max_tokens, bf16=bf16).embed(texts)
+
+
+def agreement(vectors: np.ndarray, first: np.ndarray, threshold: float) -> dict:
+    """How far a setting's answers are from the first setting's, on the real observations: a stored
+    state is retrieved for a query when their cosine exceeds memory_service.similarity_threshold, so
+    the fraction of (query, stored) pairs decided alike, and the lowest cosine of a vector to its
+    first-setting one."""
+    pairs = np.triu_indices(len(first), 1)
+    alike = ((vectors @ vectors.T)[pairs] > threshold) == ((first @ first.T)[pairs] > threshold)
+    return {
+        "pairs_decided_as_first": round(float(alike.mean()), 4),
+        "min_cosine_to_first": round(float(np.min(np.sum(vectors * first, axis=1))), 5),
+    }
+
+
+def overrides(run_dir: Path, setting: Setting) -> list[str]:
     return [
         f"run_dir={run_dir}",
         f"endpoints.memory_service={MEMORY}",
         f"endpoints.policy_servers=[{NO_POLICY}]",
         f"metrics.base_port={METRICS_BASE}",
-        f"memory_service.query_batch={batch}",
-        f"memory_service.embedding_cache={cache}",
+        *(f"memory_service.{k}={v}" for k, v in asdict(setting).items()),
     ]
 
 
@@ -129,11 +170,11 @@ def cpu_seconds(proc: psutil.Process, children: bool = True) -> float:
     return times.user + times.system + sum(c.cpu_times().user + c.cpu_times().system for c in below)
 
 
-def run_setting(batch: int, cache: int, args, root: Path, real: list[str]) -> dict:
-    run_dir = root / f"batch{batch}_cache{cache}"
+def run_setting(setting: Setting, args, root: Path, real: list[str]) -> dict:
+    run_dir = root / "_".join(str(v) for v in asdict(setting).values())
     run_dir.mkdir()
     fill(run_dir / "memory.sqlite", args.entries, real)
-    proc = spawn_command("empo2-memory-service", overrides(run_dir, batch, cache), run_dir / "memory.log")
+    proc = spawn_command("empo2-memory-service", overrides(run_dir, setting), run_dir / "memory.log")
     try:
         wait_ready(MEMORY)
         rss = Rss(proc.pid)
@@ -167,8 +208,7 @@ def run_setting(batch: int, cache: int, args, root: Path, real: list[str]) -> di
         hits = metrics.get('empo2_memory_service_embedding_cache_total{result="hit"}', 0.0)
         misses = metrics.get('empo2_memory_service_embedding_cache_total{result="miss"}', 0.0)
         return {
-            "query_batch": batch,
-            "embedding_cache": cache,
+            **asdict(setting),
             "queries_per_s": round(counted[0] / wall, 1),
             "latency_ms": {"p50": pct(latencies, 50), "p99": pct(latencies, 99)},
             "mean_embedding_batch": round(sizes / calls, 2) if calls else None,
@@ -191,8 +231,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--settings",
         nargs="+",
-        default=["1:0", "64:0", "64:4096"],
-        help="QUERY_BATCH:EMBEDDING_CACHE pairs; the first is the baseline",
+        default=["1:0", "64:0", "64:4096", "64:4096:128:auto"],
+        help="QUERY_BATCH:EMBEDDING_CACHE[:EMBEDDING_MAX_TOKENS:EMBEDDING_DTYPE]; the first is the baseline",
     )
     parser.add_argument("--repeat", type=float, default=0.42, help="probability a query repeats a recent state")
     parser.add_argument("--entries", type=int, default=1000, help="entries under the queried key")
@@ -200,11 +240,14 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     header = run_header([".venv/bin/python", "-m", "benchmarks.memory_load"], sys.argv[1:] if argv is None else argv)
     real = observations()
+    parsed = [Setting.parse(text) for text in args.settings]
+    first = embed_as(parsed[0], real)
+    threshold = MemoryServiceConfig().similarity_threshold
     with tempfile.TemporaryDirectory(prefix="empo2-memory-load-") as tmp:
         settings = []
-        for setting in args.settings:
-            batch, cache = (int(x) for x in setting.split(":"))
-            settings.append(run_setting(batch, cache, args, Path(tmp), real))
+        for setting in parsed:
+            settings.append(run_setting(setting, args, Path(tmp), real))
+            settings[-1]["answers"] = agreement(embed_as(setting, real), first, threshold)
             print(settings[-1], flush=True)
     base = settings[0]["queries_per_s"]
     for s in settings:

@@ -24,6 +24,14 @@ MemoryKey = Choice(
 )
 
 
+class EmbeddingDtype(Choice):
+    """What the embedding forward computes in (memory_service.embedding_dtype)."""
+
+    auto = "auto"  # bfloat16 where the CPU has native bf16 instructions (AVX512-BF16 or AMX), else float32
+    float32 = "float32"
+    bfloat16 = "bfloat16"  # autocast: the matmuls in bf16 (~1.6x on AVX512-BF16 cores, ~5x slower on AVX2)
+
+
 @dataclass
 class MemoryServiceConfig:
     embedder: str = EMBEDDED_EMBEDDER  # any sentence-transformers model dir/name, or the embedded one
@@ -37,6 +45,11 @@ class MemoryServiceConfig:
     # state is answered without the forward that is 98% of a query's time. 4096 vectors of 384
     # floats are 6 MB.
     embedding_cache: int = 4096
+    # A state's first N word pieces are embedded (0: the embedder's own limit, 256 for MiniLM). MiniLM was
+    # trained on 128; a forward's cost grows with its length, and long ScienceWorld observations list
+    # a room's contents after its name and first objects.
+    embedding_max_tokens: int = 128
+    embedding_dtype: EmbeddingDtype = EmbeddingDtype.auto
     key: MemoryKey = MemoryKey.task_variation  # one memory per task_variation | task | global
     reflection_system: str = REFLECTION_SYSTEM  # system prompt of the reflection request
     reflection_instruction: str = REFLECTION_INSTRUCTION  # closes the user turn, after the attempt
@@ -67,6 +80,7 @@ class MemoryServiceConfig:
         at_least("capacity", self.capacity, 1)
         at_least("query_batch", self.query_batch, 1)
         at_least("embedding_cache", self.embedding_cache, 0)
+        at_least("embedding_max_tokens", self.embedding_max_tokens, 0)
         at_least("reflection_steps_shown", self.reflection_steps_shown, 0)
         at_least("reflection_state_chars", self.reflection_state_chars, 0)
         at_least("reflection_prompt_tokens", self.reflection_prompt_tokens, 0)

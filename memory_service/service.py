@@ -37,7 +37,7 @@ from common.model_prep import resolve_model
 from common.process import run_role
 from common.server import serve_requests
 from memory_service.config import MemoryServiceConfig
-from memory_service.embedder import Embedder
+from memory_service.embedder import Embedder, uses_bf16
 from memory_service.store import Entry, MemoryStore, memory_key
 from memory_service.strategies import StrategyStore
 from protocol import Client, ProtocolError, RemoteError, decode, encode
@@ -142,7 +142,13 @@ class MemoryService:
         self.store = MemoryStore(run.run_path(self.mcfg.db_file), self.mcfg.capacity)
         self.strategies = StrategyStore(run.run_path(self.mcfg.db_file), self.mcfg.capacity)
         self.metrics.strategies.set(self.strategies.count())
-        self.embedder = Embedder(self.mcfg.embedder, self.mcfg.embedding_cache, self.count_embedding)
+        self.embedder = Embedder(
+            self.mcfg.embedder,
+            self.mcfg.embedding_cache,
+            self.count_embedding,
+            self.mcfg.embedding_max_tokens,
+            uses_bf16(self.mcfg.embedding_dtype),
+        )
         # One BLAS thread for the vector search: with two, OpenBLAS's spinning threads fight torch's
         # embedding threads for the cores (benchmarks/README.md: query p50 43.9 -> 16.4 ms at 10k).
         threadpool_limits(limits=1, user_api="blas")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from memory_service.config import EMBEDDED_EMBEDDER
-from memory_service.embedder import Embedder
+from memory_service.embedder import Embedder, native_bf16, uses_bf16
 
 STATES = [f"This room is called the kitchen. In it, you see: a fridge, a sink and item {i}." for i in range(4)]
 
@@ -40,3 +40,27 @@ def test_the_least_recently_used_text_leaves_first():
     cached.embed([STATES[1], STATES[0]])
     assert counts[-1] == (1, 1)  # 1 had left, 0 had stayed
     assert cached.embed([]).shape == (0, 384)
+
+
+def test_only_the_first_max_tokens_word_pieces_are_embedded(uncached):
+    """memory_service.embedding_max_tokens: two states that differ only after their first word pieces
+    get one vector when cut there, two without the cut."""
+    head = "This room is called the kitchen. In it, you see: a fridge, a sink, a counter, a stove, a table."
+    states = [head + " On the table is: a red apple.", head + " A door to the hallway (that is open)."]
+    cut = Embedder(EMBEDDED_EMBEDDER, max_tokens=16).embed(states)
+    np.testing.assert_allclose(cut[0], cut[1], atol=1e-6)
+    whole = uncached.embed(states)
+    assert float(whole[0] @ whole[1]) < 0.99
+
+
+def test_bfloat16_vectors_are_float32_s_within_a_cosine_of_1e_4(uncached):
+    """memory_service.embedding_dtype=bfloat16 (autocast): the same neighbours as float32; `auto` takes
+    it only on CPUs with native bf16 instructions."""
+    states = [*STATES, "A door to the hallway (that is open). You also see: a bathroom with a sink."]
+    bf16 = Embedder(EMBEDDED_EMBEDDER, bf16=True)
+    assert bf16.bf16 and not uncached.bf16
+    low, full = bf16.embed(states), uncached.embed(states)
+    assert low.dtype == np.float32
+    assert np.min(np.sum(low * full, axis=1)) > 0.9999
+    np.testing.assert_array_equal(np.argsort(-(low @ low.T), axis=1), np.argsort(-(full @ full.T), axis=1))
+    assert uses_bf16("auto") == native_bf16() and not uses_bf16("float32")
