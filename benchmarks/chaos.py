@@ -51,11 +51,11 @@ from deploy.monitor import scrape, total
 from deploy.run_state import read_state
 
 RESULTS = REPO / "benchmarks" / "results"
-BASE = 38100  # metrics.base_port: servers 38100-01, buffer 38200, memory 38201, launcher 38202, learner 38300, ...
+BASE = 2100  # metrics.base_port: servers 2100-01, buffer 2200, memory 2201, launcher 2202, learner 2300, ...
 ENDPOINTS = [
-    "endpoints.policy_servers=[tcp://127.0.0.1:39550,tcp://127.0.0.1:39551]",
-    "endpoints.replay_buffer=tcp://127.0.0.1:39560",
-    "endpoints.memory_service=tcp://127.0.0.1:39570",
+    "endpoints.policy_servers=[tcp://127.0.0.1:3550,tcp://127.0.0.1:3551]",
+    "endpoints.replay_buffer=tcp://127.0.0.1:3560",
+    "endpoints.memory_service=tcp://127.0.0.1:3570",
     f"metrics.base_port={BASE}",
 ]
 RSS_GROWTH, RSS_SLACK_MB = 1.5, 256.0

@@ -58,7 +58,7 @@ from protocol.transport import wait_until_ready
 from replay_buffer.buffer import BufferLog
 
 BUFFER, MEMORY, NO_POLICY = "tcp://127.0.0.1:23560", "tcp://127.0.0.1:23570", "tcp://127.0.0.1:23550"
-METRICS_BASE = 33000  # buffer 33100, memory service 33101
+METRICS_BASE = 7000  # buffer 7100, memory service 7101 (below 32768: out of the ephemeral ports)
 CLIENT_TIMEOUT_S = 30.0
 LEARNER_TOKEN = secrets.token_urlsafe(24)  # the buffer serves batches only to it (issue 26): the learner thread's
 STATES = [f"This room is called the kitchen. In it, you see: a fridge, a counter and item {i}." for i in range(50)]

@@ -53,7 +53,7 @@ from protocol.messages import MemoryQuery, MemoryResult
 from replay_buffer.buffer import BufferLog
 
 MEMORY, NO_POLICY = "tcp://127.0.0.1:23670", "tcp://127.0.0.1:23650"
-METRICS_BASE = 33500  # memory service 33601
+METRICS_BASE = 4000  # memory service 4101 (below 32768: out of the ephemeral ports)
 TASK, VARIATION = "find-living-thing", 0
 EPISODES = Path(__file__).parent / "results" / "episodes"
 GROUP = 8  # actors sharing a variation (replay_buffer.group_size of the CPU profile)
