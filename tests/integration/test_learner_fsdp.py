@@ -90,34 +90,32 @@ def test_two_ranks_take_the_single_process_steps(model_dir, tmp_path):
 
     script = str(Path(__file__).resolve())
     _run([sys.executable, script, model_dir, str(tmp_path / "one")], tmp_path / "one")
-    port = free_port()  # for the rendezvous
-    _run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--master_addr=127.0.0.1",
-            f"--master_port={port}",
-            script,
-            model_dir,
-            str(tmp_path / "two"),
-        ],
-        tmp_path / "two",
-    )
+    # A rank sometimes aborts as its process exits, after the run's work is written ("terminate called
+    # without an active exception", exit -6: 1 in 16 runs on 2 loaded cores, once in CI, 2026-12-06;
+    # the cause is not found). That abort alone earns one more try; any other failure, or the same
+    # abort twice, fails the test.
+    for attempt in range(2):
+        out = tmp_path / f"two{attempt}"
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1"]
+        try:
+            _run([*command, f"--master_port={free_port()}", script, model_dir, str(out)], out)
+            break
+        except AssertionError:
+            if attempt or "terminate called without an active exception" not in (out / "log.txt").read_text():
+                raise
     one, two = (
         load_file(str(tmp_path / "one" / "final.safetensors")),
-        load_file(str(tmp_path / "two" / "final.safetensors")),
+        load_file(str(out / "final.safetensors")),
     )
     initial = load_file(str(Path(model_dir) / "model.safetensors"))
     assert one.keys() == two.keys()
     assert any(not torch.equal(one[k], initial[k]) for k in initial)  # the steps moved the weights
     for name in one:
         torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-6, msg=name)
-    for run in ("one", "two"):  # resumed from the step-1 checkpoint: step 2 as the uninterrupted run took it
-        final, resumed = (load_file(str(tmp_path / run / f)) for f in ("final.safetensors", "resumed.safetensors"))
+    for run in (tmp_path / "one", out):  # resumed from the step-1 checkpoint: step 2 as the uninterrupted run took it
+        final, resumed = (load_file(str(run / f)) for f in ("final.safetensors", "resumed.safetensors"))
         for name in final:
-            torch.testing.assert_close(resumed[name], final[name], rtol=0, atol=0, msg=f"{run}: {name}")
+            torch.testing.assert_close(resumed[name], final[name], rtol=0, atol=0, msg=f"{run.name}: {name}")
 
 
 if __name__ == "__main__":
