@@ -29,6 +29,7 @@ benchmarks/README.md#memory-load.
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import sys
 import tempfile
@@ -116,10 +117,15 @@ class Setting:
         return cls(*(int(x) for x in parts[:3]), *parts[3:])
 
 
-def embed_as(setting: Setting, texts: list[str]) -> np.ndarray:
-    """The vectors the service would give `texts` under `setting` (one lone call, no cache)."""
-    bf16 = uses_bf16(setting.embedding_dtype)
-    return Embedder(EMBEDDED_EMBEDDER, max_tokens=setting.embedding_max_tokens, bf16=bf16).embed(texts)
+@functools.cache
+def embed_as(max_tokens: int, bf16: bool, texts: tuple[str, ...]) -> np.ndarray:
+    """The vectors the service would give `texts` with this forward (one lone call, no cache):
+    computed once per forward, however many settings share it."""
+    return Embedder(EMBEDDED_EMBEDDER, max_tokens=max_tokens, bf16=bf16).embed(list(texts))
+
+
+def forward_of(setting: Setting) -> tuple[int, bool]:
+    return setting.embedding_max_tokens, uses_bf16(setting.embedding_dtype)
 
 
 def agreement(vectors: np.ndarray, first: np.ndarray, threshold: float) -> dict:
@@ -241,13 +247,13 @@ def main(argv: list[str] | None = None) -> dict:
     header = run_header([".venv/bin/python", "-m", "benchmarks.memory_load"], sys.argv[1:] if argv is None else argv)
     real = observations()
     parsed = [Setting.parse(text) for text in args.settings]
-    first = embed_as(parsed[0], real)
+    first = embed_as(*forward_of(parsed[0]), tuple(real))
     threshold = MemoryServiceConfig().similarity_threshold
     with tempfile.TemporaryDirectory(prefix="empo2-memory-load-") as tmp:
         settings = []
         for setting in parsed:
             settings.append(run_setting(setting, args, Path(tmp), real))
-            settings[-1]["answers"] = agreement(embed_as(setting, real), first, threshold)
+            settings[-1]["answers"] = agreement(embed_as(*forward_of(setting), tuple(real)), first, threshold)
             print(settings[-1], flush=True)
     base = settings[0]["queries_per_s"]
     for s in settings:

@@ -1,7 +1,8 @@
 """The memory-at-scale benchmark's short variant (benchmarks/memory_load.py): a few actors for a few
 seconds against a real memory service with queries batched (memory_service.query_batch=8), without
-and with the embedding cache (and the cheaper forward: 128 word pieces, bf16 where native): every query answered, the embedding calls took several queries at
-once, and with the cache the repeated states were answered from it."""
+and with the embedding cache (and the cheaper forward: 128 word pieces, bf16 where native): every
+query answered, the embedding calls took several queries at once, and with the cache the repeated
+states were answered from it."""
 
 from __future__ import annotations
 
