@@ -18,7 +18,7 @@ test: setup lint
 # the long runs left out of `make test`: the full kill -9 fault matrix (~18 min on 2 cores) and the chaos
 # soak's short variant (tests/unit/benchmarks/test_chaos.py)
 test-long: setup
-	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -m long $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 EMPO2_TEST_TIMEOUT_S=3600 $(VENV)/bin/python -m pytest -m long $(PYTEST_ARGS)
 
 test-fast: setup lint
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -m "not e2e and not integration" $(PYTEST_ARGS)

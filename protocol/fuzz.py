@@ -264,11 +264,11 @@ def fuzz_endpoint(
     rng = random.Random(seed)
     families, replies, checks = Counter(), Counter(), Counter()
     latencies = []
+    sock = None  # the hostile inputs' socket, replaced after an input that got no answer
     try:
         version_before = wait_until_ready(checker, "fuzz", timeout_s=600).policy_version
         rss = [memory_mb()]
         t0 = time.monotonic()
-        sock = None
         for i in range(inputs):
             seeds = valid_messages(rng)
             family, frames = hostile_input(rng, socket, seeds)
@@ -302,10 +302,12 @@ def fuzz_endpoint(
         if not crashed:
             checks["ok" if valid_request_works(checker, socket) else "failed"] += 1
             rss.append(memory_mb())
-            version_after = checker.call(Ping(sender="fuzz-check")).policy_version
+            version_after = wait_until_ready(checker, "fuzz-check", timeout_s=60).policy_version
+    finally:
+        # every socket closed however the loop ended: Context.term() waits for each socket still open,
+        # so one left by an exception (a check's timeout) hung the caller instead of raising
         if sock is not None:
             sock.close(linger=0)
-    finally:
         checker.close()
         ctx.term()
     return {

@@ -8,17 +8,24 @@ path here. What a finalizer still misses (a test's process without one, a finali
 at the end by the mark every process of the run inherits (tests/helpers.py) and stopped the way
 the launcher stops a role.
 
+A test phase (setup, call, teardown) that runs past EMPO2_TEST_TIMEOUT_S (default 900 s; the
+longest phase of `make test` on record took 120 s; `make test-long` allows 3600) fails, with every
+thread's stack on stderr, instead of eating the CI's whole budget: a hang once did (a socket left
+open blocked zmq's Context.term() for 80 minutes).
+
 Also the `stub_server` fixture: a real ZeroMQ ROUTER answering with a function (tests/helpers.py,
 StubServer), for the unit tests of a role's client side.
 """
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import os
 import secrets
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -26,6 +33,7 @@ from protocol import Message
 from tests.helpers import TEST_RUN_ENV, StubServer, stop_marked_processes
 
 MARK = f"pytest-{os.getpid()}-{secrets.token_hex(4)}"
+PHASE_TIMEOUT_S = float(os.environ.get("EMPO2_TEST_TIMEOUT_S", "900"))
 
 
 def _interrupt(signum, frame) -> None:
@@ -36,6 +44,40 @@ def _interrupt(signum, frame) -> None:
 def pytest_configure(config) -> None:
     os.environ[TEST_RUN_ENV] = f"{os.environ.get(TEST_RUN_ENV, '')} {MARK}".strip()
     signal.signal(signal.SIGTERM, _interrupt)
+
+
+@contextlib.contextmanager
+def _deadline(item, phase: str) -> Iterator[None]:
+    def expire(signum, frame) -> None:
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        # pytest.fail raises a BaseException: no `except Exception` on the hung path swallows it
+        pytest.fail(f"{item.nodeid}: {phase} ran past {PHASE_TIMEOUT_S:.0f} s (EMPO2_TEST_TIMEOUT_S)", pytrace=True)
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, PHASE_TIMEOUT_S)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with _deadline(item, "setup"):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _deadline(item, "call"):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    with _deadline(item, "teardown"):
+        return (yield)
 
 
 def pytest_unconfigure(config) -> None:

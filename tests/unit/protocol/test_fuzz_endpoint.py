@@ -1,0 +1,69 @@
+"""protocol/fuzz.py's fuzz_endpoint against a real ZeroMQ server that answers everything with a Pong:
+an exception in its loop (here the memory reading, once the hostile inputs' socket is open) reaches
+the caller at once. It once left that socket open, and zmq's Context.term() waited for it: the CI's
+live-run fuzz test hung for 80 minutes instead of failing."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import zmq
+
+from protocol.codec import encode
+from protocol.fuzz import fuzz_endpoint
+from protocol.messages import Pong
+from tests.helpers import free_endpoint
+
+
+@pytest.fixture
+def pong_server():
+    """A ROUTER answering any frames at all with a Pong, so every hostile input gets a reply."""
+    endpoint, stop = free_endpoint(), threading.Event()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind(endpoint)
+
+    def serve() -> None:
+        while not stop.is_set():
+            if sock.poll(10):
+                identity, *_ = sock.recv_multipart()
+                sock.send_multipart([identity, *encode(Pong(role="policy_server", policy_version=0, ready=True))])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield endpoint
+    stop.set()
+    thread.join(timeout=5)
+    sock.close(linger=0)
+    ctx.term()
+
+
+def test_an_exception_in_the_loop_reaches_the_caller_instead_of_hanging(pong_server):
+    readings = iter([100.0])  # the start's reading; the first check's raises
+
+    def memory_mb() -> float:
+        reading = next(readings, None)
+        if reading is None:
+            raise FileNotFoundError("/proc/4242/status")
+        return reading
+
+    outcome: list[BaseException | dict] = []
+
+    def fuzz() -> None:
+        try:
+            outcome.append(fuzz_endpoint(pong_server, "policy_server", 10, 2, 0, lambda: True, memory_mb))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=fuzz, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "fuzz_endpoint hung after its loop raised"
+    assert len(outcome) == 1 and isinstance(outcome[0], FileNotFoundError), outcome
+
+
+def test_a_server_that_answers_everything_is_fuzzed_to_the_end(pong_server):
+    result = fuzz_endpoint(pong_server, "policy_server", 10, 5, 0, lambda: True, lambda: 100.0)
+    assert result["inputs_sent"] == 10 and not result["crashed"] and result["replies"] == {"pong": 10}, result
+    assert result["policy_version"] == {"before": 0, "after": 0}, result
