@@ -265,6 +265,7 @@ def fuzz_endpoint(
     families, replies, checks = Counter(), Counter(), Counter()
     latencies = []
     sock = None  # the hostile inputs' socket, replaced after an input that got no answer
+    unresponsive = False
     try:
         version_before = wait_until_ready(checker, "fuzz", timeout_s=600).policy_version
         rss = [memory_mb()]
@@ -291,6 +292,12 @@ def fuzz_endpoint(
                 replies["no_reply"] += 1
                 sock.close(linger=0)
                 sock = None
+                if not valid_request_works(checker, socket):
+                    # not a dropped frame: the server stopped answering, and each input left would
+                    # wait out its timeout (200 inputs: 50 minutes) to learn nothing more
+                    checks["failed"] += 1
+                    unresponsive = True
+                    break
             if not alive():
                 break
             if (i + 1) % check_every == 0:
@@ -299,7 +306,7 @@ def fuzz_endpoint(
         seconds = time.monotonic() - t0
         crashed = not alive()
         version_after = None
-        if not crashed:
+        if not crashed and not unresponsive:
             checks["ok" if valid_request_works(checker, socket) else "failed"] += 1
             rss.append(memory_mb())
             version_after = wait_until_ready(checker, "fuzz-check", timeout_s=60).policy_version
@@ -315,6 +322,7 @@ def fuzz_endpoint(
         "families": dict(families),
         "replies": dict(sorted(replies.items())),
         "crashed": crashed,
+        "unresponsive": unresponsive,  # alive, but neither an input nor a valid request answered: stopped there
         "valid_checks": dict(checks),
         # the policy server's weights version: the same after the fuzzing (no weight message took),
         # unless a learner pushed meanwhile (a live run)

@@ -10,8 +10,8 @@ import threading
 import pytest
 import zmq
 
+from protocol import fuzz
 from protocol.codec import encode
-from protocol.fuzz import fuzz_endpoint
 from protocol.messages import Pong
 from tests.helpers import free_endpoint
 
@@ -52,7 +52,7 @@ def test_an_exception_in_the_loop_reaches_the_caller_instead_of_hanging(pong_ser
 
     def fuzz() -> None:
         try:
-            outcome.append(fuzz_endpoint(pong_server, "policy_server", 10, 2, 0, lambda: True, memory_mb))
+            outcome.append(fuzz.fuzz_endpoint(pong_server, "policy_server", 10, 2, 0, lambda: True, memory_mb))
         except BaseException as exc:
             outcome.append(exc)
 
@@ -64,6 +64,34 @@ def test_an_exception_in_the_loop_reaches_the_caller_instead_of_hanging(pong_ser
 
 
 def test_a_server_that_answers_everything_is_fuzzed_to_the_end(pong_server):
-    result = fuzz_endpoint(pong_server, "policy_server", 10, 5, 0, lambda: True, lambda: 100.0)
+    result = fuzz.fuzz_endpoint(pong_server, "policy_server", 10, 5, 0, lambda: True, lambda: 100.0)
     assert result["inputs_sent"] == 10 and not result["crashed"] and result["replies"] == {"pong": 10}, result
     assert result["policy_version"] == {"before": 0, "after": 0}, result
+
+
+def test_a_server_that_stops_answering_ends_the_fuzzing_at_once(monkeypatch):
+    """Not 200 inputs each waiting out its timeout (50 minutes in the live-run test): the first input
+    not answered, with a valid request not answered either, ends it as `unresponsive`."""
+    monkeypatch.setattr(fuzz, "REPLY_TIMEOUT_S", 0.3)
+    endpoint, ctx = free_endpoint(), zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind(endpoint)
+    answered = []
+
+    def serve() -> None:  # the readiness Ping and 3 inputs answered, then nothing
+        while len(answered) < 4:
+            identity, *_ = sock.recv_multipart()
+            sock.send_multipart([identity, *encode(Pong(role="policy_server", policy_version=0, ready=True))])
+            answered.append(identity)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        result = fuzz.fuzz_endpoint(endpoint, "policy_server", 200, 100, 0, lambda: True, lambda: 100.0)
+    finally:
+        thread.join(timeout=5)
+        sock.close(linger=0)
+        ctx.term()
+    assert result["unresponsive"] and not result["crashed"], result
+    assert result["inputs_sent"] == 4 and result["replies"] == {"pong": 3, "no_reply": 1}, result
+    assert result["valid_checks"] == {"failed": 1} and result["policy_version"]["after"] is None, result
