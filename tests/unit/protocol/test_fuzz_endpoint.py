@@ -50,13 +50,13 @@ def test_an_exception_in_the_loop_reaches_the_caller_instead_of_hanging(pong_ser
 
     outcome: list[BaseException | dict] = []
 
-    def fuzz() -> None:
+    def run() -> None:
         try:
             outcome.append(fuzz.fuzz_endpoint(pong_server, "policy_server", 10, 2, 0, lambda: True, memory_mb))
         except BaseException as exc:
             outcome.append(exc)
 
-    thread = threading.Thread(target=fuzz, daemon=True)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     thread.join(timeout=60)
     assert not thread.is_alive(), "fuzz_endpoint hung after its loop raised"
