@@ -9,10 +9,13 @@ Trainer's policy as the learner runs it (FSDP2-sharded, a process group of one).
 
 Per packing: median wall seconds of a step (after --warmup steps), the tokens its update pass
 forwarded (StepStats.forward_tokens), the sequences it scored, and the process's peak resident
-memory during its steps (VmHWM, reset before each packing). `chain_tokens` is what scoring every
-chain once costs: the tokens of each segment's last prompt and response. `--plain` adds the plain
-baseline: for each turn sample model(input_ids, labels=...) on the whole sequence (full-vocabulary
-logits at every position, HF's causal-LM loss), backward, then one AdamW step for the batch.
+memory during its steps (VmHWM, reset before each packing, after the freed heap is given back).
+`chain_tokens` is what scoring every chain once costs: the tokens of each segment's last prompt
+and response. `--plain` adds the plain baseline: for each turn sample model(input_ids, labels=...)
+on the whole sequence (full-vocabulary logits at every position, HF's causal-LM loss), backward,
+then one AdamW step for the batch. `graph_mb_per_token` (CPU): the resident memory a training
+forward holds for its backward, per token, with autograd's own activations and with lean ones. An entry `group:4096:full` steps with autograd's own activations
+instead of learner.lean_activations' (the default).
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ import torch
 
 from benchmarks.record import command_line, write_result
 from common.model_prep import resolve_model
-from common.process import status_mb
+from common.process import release_free_heap, status_mb
 from learner.advantages import CountBonus
 from learner.config import LearnerConfig, Packing
+from learner.lean_activations import lean_activations
 from learner.policy_model import load_policy
 from learner.samples import TurnSample, build_samples
 from learner.step import segments, train_step
@@ -91,6 +95,21 @@ def reset_peak_rss() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
+def graph_mb_per_token(scorer, tokens: int = 1024, repeats: int = 2) -> float:
+    """The resident memory a training forward of `tokens` tokens holds for its backward, per token
+    (the freed heap given back before and after; the last of `repeats`, the first carries warm-up)."""
+    ids = torch.randint(0, scorer.lm.config.vocab_size, (1, tokens), device=scorer.lm.device)
+    held = 0.0
+    for _ in range(repeats):
+        release_free_heap()
+        before = status_mb()
+        out = scorer(ids, torch.ones_like(ids), torch.arange(tokens - 16, tokens, device=ids.device))
+        release_free_heap()
+        held = (status_mb() - before) / tokens
+        del out
+    return held
+
+
 def timed(fn, repeats: int, warmup: int, device: str = "cpu") -> tuple[float, object]:
     """(median wall seconds of fn() after `warmup` runs, its last result); on CUDA each run ends when
     its kernels have."""
@@ -117,7 +136,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--packings",
         default="turn,episode,group",
-        help="PACKING[:MICRO_BATCH_TOKENS],...: each its own budget if given",
+        help="PACKING[:MICRO_BATCH_TOKENS[:lean|full]],...: each its own budget and activations if given "
+        "(lean: learner.lean_activations, the default; full: autograd's own)",
     )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=1)
@@ -145,11 +165,14 @@ def measure(
     args: argparse.Namespace, cfg: LearnerConfig, trainer: Trainer, path: str, batch: list[TurnSample], result: dict
 ) -> None:
     """A timed step per packing (and the plain baseline with --plain), into `result`."""
-    for entry in args.packings.split(","):  # PACKING or PACKING:MICRO_BATCH_TOKENS
-        packing, _, budget = entry.partition(":")
+    for entry in args.packings.split(","):  # PACKING[:MICRO_BATCH_TOKENS[:lean|full]]
+        packing, budget, activations = (entry.split(":") + ["", ""])[:3]
         step_cfg = dataclasses.replace(
             cfg, packing=Packing(packing), micro_batch_tokens=int(budget or cfg.micro_batch_tokens)
         )
+        lean = {"": cfg.lean_activations, "lean": True, "full": False}[activations]
+        lean_activations(trainer.scorer, lean)
+        release_free_heap()  # what the entry before freed goes back: each entry's peak from the same floor
         reset_peak_rss()
         seconds, stats = timed(
             lambda c=step_cfg: train_step(trainer.scorer, trainer.optimizer, batch, c, version=0),
@@ -159,6 +182,7 @@ def measure(
         )
         result["packing"][entry] = {
             "micro_batch_tokens": step_cfg.micro_batch_tokens,
+            "lean_activations": lean,
             "step_seconds": seconds,
             "forward_tokens": stats.forward_tokens,
             "sequences": stats.segments,
@@ -198,7 +222,13 @@ def main() -> None:
 
     path = resolve_model(args.model)
     # tiny lr: the weights barely move between the packings; the mask off: every token costs the same
-    cfg = LearnerConfig(lr=1e-12, low_prob_mask="off", device=args.device, micro_batch_tokens=args.micro_batch_tokens)
+    cfg = LearnerConfig(
+        lr=1e-12,
+        low_prob_mask="off",
+        device=args.device,
+        micro_batch_tokens=args.micro_batch_tokens,
+        gradient_checkpointing=args.gradient_checkpointing,  # not passed before 2026-12-06: it did nothing
+    )
     trainer = Trainer(cfg, path, seed=0)
     batch, source = load_batch(args, cfg, trainer)
     chains = segments(batch, Packing.episode)
@@ -222,6 +252,12 @@ def main() -> None:
         f"{result['chain_tokens']} as chains, {torch.get_num_threads()} threads",
         flush=True,
     )
+    if args.device == "cpu":  # what each activations setting holds per token (resident memory)
+        result["graph_mb_per_token"] = {}
+        for lean in (False, True):
+            lean_activations(trainer.scorer, lean)
+            result["graph_mb_per_token"]["lean" if lean else "full"] = round(graph_mb_per_token(trainer.scorer), 3)
+        print(f"held for the backward, MB per token: {result['graph_mb_per_token']}", flush=True)
     measure(args, cfg, trainer, path, batch, result)
     report(args, result)
 

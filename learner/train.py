@@ -43,6 +43,7 @@ from learner.advantages import CountBonus, IntrinsicReward
 from learner.checkpoint import list_checkpoints, load_trainer_state, save_checkpoint
 from learner.config import LearnerConfig
 from learner.exploration import exploration_stats
+from learner.lean_activations import lean_activations
 from learner.lora import apply_lora, is_lora, lora_scale, merged_weights
 from learner.optim import build_optimizer
 from learner.policy_model import ResponseScorer, load_policy
@@ -96,6 +97,8 @@ class Trainer:
             self.ref = self._sharded(reference.eval().requires_grad_(False))
         if cfg.lora_rank:  # the base frozen, adapters trained and pushed (learner/lora.py)
             self.model = apply_lora(self.model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
+        if cfg.lean_activations:
+            lean_activations(self.model)
         self.scorer = self._sharded(self.model)
         self.optimizer, self.scheduler = build_optimizer([p for p in self.scorer.parameters() if p.requires_grad], cfg)
         rnd = RNDBonus(cfg, seed) if cfg.intrinsic_kind == "rnd" else None
