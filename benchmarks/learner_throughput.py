@@ -189,7 +189,7 @@ def measure(
             "peak_rss_mb": status_mb(field="VmHWM"),
         }
         print(f"{entry:8} {seconds:8.1f} s/step  {stats.forward_tokens:7d} tokens forwarded", flush=True)
-    turn = result["packing"].get("turn")
+    turn = next((r for e, r in result["packing"].items() if e.split(":")[0] == "turn"), None)  # the baseline
     for r in result["packing"].values():
         r["forward_tokens_per_chain_token"] = r["forward_tokens"] / result["chain_tokens"]
         if turn is not None:
