@@ -14,8 +14,9 @@ memory during its steps (VmHWM, reset before each packing, after the freed heap 
 and response. `--plain` adds the plain baseline: for each turn sample model(input_ids, labels=...)
 on the whole sequence (full-vocabulary logits at every position, HF's causal-LM loss), backward,
 then one AdamW step for the batch. `graph_mb_per_token` (CPU): the resident memory a training
-forward holds for its backward, per token, with autograd's own activations and with lean ones. An entry `group:4096:full` steps with autograd's own activations
-instead of learner.lean_activations' (the default).
+forward holds for its backward, per token, with autograd's own activations and with lean ones. An
+entry `group:4096:full` steps with autograd's own activations instead of learner.lean_activations'
+(the default).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def graph_mb_per_token(scorer, tokens: int = 1024, repeats: int = 2) -> float:
     for _ in range(repeats):
         release_free_heap()
         before = status_mb()
-        out = scorer(ids, torch.ones_like(ids), torch.arange(tokens - 16, tokens, device=ids.device))
+        out = scorer(ids, torch.arange(tokens - 16, tokens, device=ids.device))
         release_free_heap()
         held = (status_mb() - before) / tokens
         del out

@@ -80,17 +80,17 @@ class ResponseScorer(torch.nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
         rows: torch.Tensor,
         position_ids: torch.Tensor | None = None,
         inverse_temperature: torch.Tensor | None = None,
         prefix_rows: list[tuple[int, list[tuple[int, int]]]] | None = None,
     ) -> torch.Tensor:
-        """[B, L] ids, a [B, L] padding mask or None (right padding needs none), [N] rows of the flattened [B*L] positions -> [N, V]
-        log-softmax, of the logits times `inverse_temperature` [N] when given (each row at the
-        temperature it was sampled at). `prefix_rows`: rows with a shared prefix (split_attention)."""
+        """[B, L] right-padded ids (no mask: batch_log_softmax says why), [N] rows of the flattened
+        [B*L] positions -> [N, V] log-softmax, of the logits times `inverse_temperature` [N] when
+        given (each row at the temperature it was sampled at). `prefix_rows`: rows with a shared
+        prefix (split_attention)."""
         hidden = self.lm.get_decoder()(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, prefix_rows=prefix_rows
+            input_ids=input_ids, position_ids=position_ids, prefix_rows=prefix_rows
         ).last_hidden_state  # [B, L, H]
         logits = self.lm.get_output_embeddings()(hidden.flatten(0, 1)[rows]).float()  # [N, V]
         if inverse_temperature is not None:
@@ -200,9 +200,9 @@ def batch_log_softmax(model, batch: list[list[Scored]]) -> torch.Tensor:
         else None  # all at 1: the plain log-softmax
     )
     if all(len(seqs) == 1 for seqs in batch):
-        return scorer(input_ids.to(device), None, rows.to(device), None, inverse)
+        return scorer(input_ids.to(device), rows.to(device), None, inverse)
     prefix_rows = [(r.shared, r.bounds) for r in laid]
-    return scorer(input_ids.to(device), None, rows.to(device), positions.to(device), inverse, prefix_rows)
+    return scorer(input_ids.to(device), rows.to(device), positions.to(device), inverse, prefix_rows)
 
 
 def token_logprobs(log_softmax: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
