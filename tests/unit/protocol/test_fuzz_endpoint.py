@@ -18,28 +18,38 @@ from tests.helpers import free_endpoint
 
 @pytest.fixture
 def pong_server():
-    """A ROUTER answering any frames at all with a Pong, so every hostile input gets a reply."""
-    endpoint, stop = free_endpoint(), threading.Event()
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.bind(endpoint)
+    """pong_server(answers=None) -> the endpoint of a ROUTER answering any frames at all with a Pong
+    (so every hostile input gets a reply), the first `answers` requests only when given."""
+    ctx, started = zmq.Context(), []
 
-    def serve() -> None:
-        while not stop.is_set():
-            if sock.poll(10):
-                identity, *_ = sock.recv_multipart()
-                sock.send_multipart([identity, *encode(Pong(role="policy_server", policy_version=0, ready=True))])
+    def start(answers: int | None = None) -> str:
+        endpoint, stop = free_endpoint(), threading.Event()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.bind(endpoint)
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield endpoint
-    stop.set()
-    thread.join(timeout=5)
-    sock.close(linger=0)
+        def serve() -> None:
+            answered = 0
+            while not stop.is_set() and (answers is None or answered < answers):
+                if sock.poll(10):
+                    identity, *_ = sock.recv_multipart()
+                    sock.send_multipart([identity, *encode(Pong(role="policy_server", policy_version=0, ready=True))])
+                    answered += 1
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        started.append((stop, thread, sock))
+        return endpoint
+
+    yield start
+    for stop, thread, sock in started:
+        stop.set()
+        thread.join(timeout=5)
+        sock.close(linger=0)
     ctx.term()
 
 
 def test_an_exception_in_the_loop_reaches_the_caller_instead_of_hanging(pong_server):
+    endpoint = pong_server()
     readings = iter([100.0])  # the start's reading; the first check's raises
 
     def memory_mb() -> float:
@@ -52,7 +62,7 @@ def test_an_exception_in_the_loop_reaches_the_caller_instead_of_hanging(pong_ser
 
     def run() -> None:
         try:
-            outcome.append(fuzz.fuzz_endpoint(pong_server, "policy_server", 10, 2, 0, lambda: True, memory_mb))
+            outcome.append(fuzz.fuzz_endpoint(endpoint, "policy_server", 10, 2, 0, lambda: True, memory_mb))
         except BaseException as exc:
             outcome.append(exc)
 
@@ -64,34 +74,17 @@ def test_an_exception_in_the_loop_reaches_the_caller_instead_of_hanging(pong_ser
 
 
 def test_a_server_that_answers_everything_is_fuzzed_to_the_end(pong_server):
-    result = fuzz.fuzz_endpoint(pong_server, "policy_server", 10, 5, 0, lambda: True, lambda: 100.0)
+    result = fuzz.fuzz_endpoint(pong_server(), "policy_server", 10, 5, 0, lambda: True, lambda: 100.0)
     assert result["inputs_sent"] == 10 and not result["crashed"] and result["replies"] == {"pong": 10}, result
     assert result["policy_version"] == {"before": 0, "after": 0}, result
 
 
-def test_a_server_that_stops_answering_ends_the_fuzzing_at_once(monkeypatch):
+def test_a_server_that_stops_answering_ends_the_fuzzing_at_once(pong_server, monkeypatch):
     """Not 200 inputs each waiting out its timeout (50 minutes in the live-run test): the first input
     not answered, with a valid request not answered either, ends it as `unresponsive`."""
     monkeypatch.setattr(fuzz, "REPLY_TIMEOUT_S", 0.3)
-    endpoint, ctx = free_endpoint(), zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.bind(endpoint)
-    answered = []
-
-    def serve() -> None:  # the readiness Ping and 3 inputs answered, then nothing
-        while len(answered) < 4:
-            identity, *_ = sock.recv_multipart()
-            sock.send_multipart([identity, *encode(Pong(role="policy_server", policy_version=0, ready=True))])
-            answered.append(identity)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        result = fuzz.fuzz_endpoint(endpoint, "policy_server", 200, 100, 0, lambda: True, lambda: 100.0)
-    finally:
-        thread.join(timeout=5)
-        sock.close(linger=0)
-        ctx.term()
+    endpoint = pong_server(answers=4)  # the readiness Ping and 3 inputs answered, then nothing
+    result = fuzz.fuzz_endpoint(endpoint, "policy_server", 200, 100, 0, lambda: True, lambda: 100.0)
     assert result["unresponsive"] and not result["crashed"], result
     assert result["inputs_sent"] == 4 and result["replies"] == {"pong": 3, "no_reply": 1}, result
     assert result["valid_checks"] == {"failed": 1} and result["policy_version"]["after"] is None, result
