@@ -175,6 +175,25 @@ def test_train_step_times_its_phases(model):
     assert all(s >= 0 for s in timer.seconds.values())
 
 
+def test_train_step_on_cpu_gives_the_heap_back_between_each_forward_and_its_backward(model, monkeypatch):
+    """The forward's freed temporaries go back to the kernel before the backward allocates its own
+    (learner/step.py), once per micro-batch."""
+    events = []
+    real = step_mod.micro_batch_loss
+
+    def forward(*args, **kwargs):
+        loss, totals = real(*args, **kwargs)
+        events.append("forward")
+        loss.register_hook(lambda grad: events.append("backward"))
+        return loss, totals
+
+    monkeypatch.setattr(step_mod, "micro_batch_loss", forward)
+    monkeypatch.setattr(step_mod, "release_free_heap", lambda: events.append("trim"))
+    cfg = LearnerConfig(micro_batch_tokens=1)  # each sample its own micro-batch
+    train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), [_sample(1.0), _sample(-1.0)], cfg, 0)
+    assert events == ["forward", "trim", "backward"] * 2
+
+
 def test_phase_timer_adds_up_repeated_phases(monkeypatch):
     clock = iter([10.0, 10.5, 20.0, 21.0, 30.0, 30.25])
     monkeypatch.setattr(step_mod.time, "perf_counter", lambda: next(clock))
