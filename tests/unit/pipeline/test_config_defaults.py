@@ -74,7 +74,6 @@ CPU_RUN = {
     "learner.groups_per_step": 1,
     "learner.mini_batch_samples": 0,  # one optimizer step per batch, as then (the paper: mini-batches of 128)
     "learner.low_prob_mask": "tip_rollouts",  # the paper's rule would mask 96% of the small model's samples
-    "learner.micro_batch_tokens": 1024,  # each chain alone: at 4096 learners reached 13.7-13.8 GB in soaks
     "spa.episodes": 24,  # SPA's warm start at a CPU scale (the paper: 1280 episodes, 400-token turns, 5 epochs)
     "spa.max_turn_tokens": 160,
     "spa.epochs": 2,
