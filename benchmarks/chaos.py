@@ -19,7 +19,9 @@ metrics and RSS each second. The audit, each item a list of what broke it (empty
   - the memory entries counted as stored before a memory service kill are there after its restart
   - nothing is left behind: no vLLM or JVM process of the run, nothing new in /dev/shm
   - each role's RSS is bounded: its peak in the last third of the soak is at most 1.5x (+256 MB) its
-    peak in the first third
+    peak in the first third; the learner's, its resident memory after each step (StepStats.resident_mb,
+    the freed heap given back) in the last third of its steps against the first third: its peak
+    follows the step's micro-batches, and a short soak's first steps may fill none (reported only)
 
 Results: --out (JSON: the schedule, every fault with the time its role took to answer again, the
 restarts per role and reason, the steps reached, the RSS peaks, the audit) and a timeline plot beside
@@ -46,6 +48,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.record import REPO, run_header, write_result
+from common.metrics import METRICS_LOG
 from deploy.harness import LaunchedRun, episode_audit, leftover_processes
 from deploy.monitor import scrape, total
 from deploy.run_state import read_state
@@ -227,6 +230,24 @@ def rss_peaks(rows: list[dict]) -> dict[str, dict]:
     return peaks
 
 
+def learner_floors(metrics: Path) -> dict[str, float]:
+    """The learner's resident memory after its steps (MB, the step records of metrics.jsonl): the
+    highest in the first and in the last third of the steps."""
+    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    floors = [r["resident_mb"] for r in records if r.get("record") == "step" and r.get("resident_mb")]
+    third = max(1, len(floors) // 3)
+    return {"first": max(floors[:third]), "last": max(floors[-third:])} if floors else {}
+
+
+def rss_growth(peaks: dict[str, dict]) -> list[str]:
+    """The roles whose last-third RSS is over RSS_GROWTH times (+RSS_SLACK_MB) their first third's."""
+    return [
+        f"{name}: {p['first']:.0f} MB -> {p['last']:.0f} MB"
+        for name, p in peaks.items()
+        if p and p["first"] and p["last"] > RSS_GROWTH * p["first"] + RSS_SLACK_MB
+    ]
+
+
 def audit(run: LaunchedRun, rc: int, summary: dict, faults, rows, before: tuple[set, set], steps: int) -> dict:
     processes_before, shm_before = before
     out = {
@@ -252,11 +273,9 @@ def audit(run: LaunchedRun, rc: int, summary: dict, faults, rows, before: tuple[
     time.sleep(2)
     left = {pid: cmd for pid, cmd in leftover_processes().items() if pid not in processes_before}
     out["left_behind"] = [*left.values(), *sorted(set(os.listdir("/dev/shm")) - shm_before)]
-    out["rss"] = [
-        f"{name}: {p['first']:.0f} MB -> {p['last']:.0f} MB"
-        for name, p in rss_peaks(rows).items()
-        if p["first"] and p["last"] > RSS_GROWTH * p["first"] + RSS_SLACK_MB
-    ]
+    peaks = rss_peaks(rows)
+    peaks["learner"] = learner_floors(run.cfg.run_path(METRICS_LOG))  # its sampled peak: reported only
+    out["rss"] = rss_growth(peaks)
     return {**out, "episode_counts": {k: episodes[k] for k in ("logged", "acknowledged")}}
 
 
@@ -366,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps_reached": summary.get("policy_version"),
         "restarts": summary.get("restarts", {}),
         "rss_peaks_mb": rss_peaks(sampler.rows),
+        "learner_resident_after_steps_mb": learner_floors(run.cfg.run_path(METRICS_LOG)),
         "audit": report,
         "clean": clean,
     }

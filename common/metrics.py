@@ -290,6 +290,7 @@ class LearnerMetrics(RoleMetrics):
                 "behaviour_weight_capped_fraction": "Decoupled PPO: fraction of tokens over the weight cap",
                 "advantage_abs_mean": "Mean |advantage|",
                 "zero_advantage_fraction": "Fraction of the last batch's samples with advantage 0 (all-equal groups)",
+                "resident_mb": "The learner's resident memory (MB) after its last step, its freed heap given back",
                 "push_backlog": "Background pushes: policy servers that have not confirmed the newest version",
                 "logprob_mismatch_mean_nats": "Mean |vLLM - learner| log-prob on same-version on-policy tokens",
                 "logprob_mismatch_max_nats": "Max |vLLM - learner| log-prob on same-version on-policy tokens",

@@ -154,6 +154,9 @@ class StepStats:
     mismatch_tokens: int
     optimizer_steps: int  # optimizer steps taken: one per mini-batch with a kept token
     samples_nonfinite: int = 0  # dropped before the step: a non-finite advantage or behaviour log-prob
+    # the learner's resident memory after the step, its freed heap given back (learner/train.py): the
+    # floor that a leak raises, where the peak follows the step's micro-batches (0: not measured)
+    resident_mb: float = 0.0
 
     @classmethod
     def from_totals(

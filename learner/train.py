@@ -37,7 +37,7 @@ from common.config import HerlConfig, RunFacts, TrainContext, WeightSyncConfig
 from common.heartbeat import beat
 from common.metrics import METRICS_LOG, LearnerMetrics
 from common.model_prep import resolve_model
-from common.process import release_free_heap, run_role
+from common.process import release_free_heap, run_role, status_mb
 from learner import distributed
 from learner.advantages import CountBonus, IntrinsicReward
 from learner.checkpoint import list_checkpoints, load_trainer_state, save_checkpoint
@@ -152,6 +152,7 @@ class Trainer:
         self.version += 1
         stats.samples_nonfinite = nonfinite
         release_free_heap()  # the step's activations, back to the kernel before the next step's shapes
+        stats.resident_mb = status_mb()
         return stats
 
     def full_weights(self) -> dict[str, torch.Tensor]:

@@ -279,6 +279,7 @@ PANELS += [
         ["empo2_learner_collapsed_group_fraction", "empo2_learner_zero_advantage_fraction"],
     ),
     ("Policy entropy (nats, every step)", "none", ["empo2_learner_entropy_mean"]),
+    ("Learner resident memory after each step (MB): a leak raises it", "none", ["empo2_learner_resident_mb"]),
 ]
 
 # reliability: what the doors refuse, the buffer's confirmations and its log, the reflection queue

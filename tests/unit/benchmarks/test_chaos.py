@@ -56,6 +56,23 @@ def test_rss_growth_is_judged_between_the_first_and_the_last_third():
     assert chaos.rss_peaks(rows) == {"learner": {"first": 1200.0, "last": 1900.0}}
 
 
+def test_the_learner_is_judged_by_its_memory_after_each_step_not_by_its_peak(tmp_path):
+    """A late step that fills a micro-batch raises the learner's peak, not its floor; a leak raises both."""
+    metrics = tmp_path / "metrics.jsonl"
+    records = [{"record": "eval"}] + [
+        {"record": "step", "resident_mb": mb} for mb in (3000, 3100, 3050, 3000, 3100, 3080)
+    ]
+    metrics.write_text("\n".join(json.dumps(r) for r in records))
+    floors = chaos.learner_floors(metrics)
+    assert floors == {"first": 3100, "last": 3100}
+    peaks = {"learner": floors, "env_actor0": {"first": 900.0, "last": 2000.0}}
+    assert chaos.rss_growth(peaks) == ["env_actor0: 900 MB -> 2000 MB"]
+    leaking = [{"record": "step", "resident_mb": 3000 + 1000 * i} for i in range(6)]
+    metrics.write_text("\n".join(json.dumps(r) for r in leaking))
+    assert chaos.rss_growth({"learner": chaos.learner_floors(metrics)}) == ["learner: 4000 MB -> 8000 MB"]
+    assert chaos.learner_floors(tmp_path / "missing.jsonl") == {} and chaos.rss_growth({"learner": {}}) == []
+
+
 def test_the_episode_audit_finds_what_was_logged_twice_or_acknowledged_and_not_logged(tmp_path):
     (tmp_path / "logs").mkdir()
     log = BufferLog(tmp_path / "buffer.log", Durability.flush)
