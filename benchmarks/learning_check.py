@@ -247,6 +247,7 @@ def train(name: str, method: list[str], seed: int, run_dir: Path, tasks: list[st
         f"learner.total_steps={args.steps or 100000}",
         f"learner.checkpoint_every={args.checkpoint_every}",
         f"learner.lr={args.lr}",
+        f"learner.micro_batch_tokens={args.micro_batch_tokens}",
         f"launch.timeout_s={args.budget_min * 60}",
         *(
             [f"eval.every_steps={args.eval_every}", "eval.subset_variations=2", "eval.episodes=2"]
@@ -569,7 +570,7 @@ def _cell(value) -> str:
     return f"{value:d}" if isinstance(value, int) else f"{value:.3g}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="learning_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--lock", default="/tmp/empo2-heavy.lock", help="flock file around each heavy run ('' = none)")
     sub = parser.add_subparsers(dest="part", required=True)
@@ -592,6 +593,14 @@ def main(argv: list[str] | None = None) -> int:
     # budget gives the 135M model about 15 steps of 4 episodes, over which 1e-6 hardly moves it
     c.add_argument("--lr", type=float, default=1e-5, help="learner.lr of both runs")
     c.add_argument("--eval-every", type=int, default=6, help="periodic evaluation every N steps (0: none)")
+    c.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=1024,
+        help="learner.micro_batch_tokens: 1024, not the CPU profile's 4096, since the periodic evaluation's "
+        "vLLM engine shares the memory (a 4096 micro-batch of tip turns: 7.5-9.4 GB of learner, 1024: ~5); "
+        "the committed checks ran at 1024",
+    )
     c.add_argument("--variations", type=int, default=5)
     c.add_argument("--episodes", type=int, default=4)
     c.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds per method")
@@ -606,7 +615,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--report", default="learning_check_compare", help="benchmarks/results/<REPORT>.{json,md}")
     c.add_argument("--plots", default="learning_check_plots", help="benchmarks/results/<PLOTS>/")
     c.add_argument("--collect", action="store_true", help="only write the table and plots of the runs under --run-root")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return base(args) if args.part == "base" else compare(args)
 
 

@@ -130,6 +130,24 @@ def test_compare_trains_only_the_runs_not_yet_evaluated_on_the_design(tmp_path, 
     assert evaluated == [(tmp_path / "v" / "seed0", ["preset=herl", "herl.gamma=0.1"])]
 
 
+def test_a_training_run_keeps_its_micro_batches_at_1024_by_default(tmp_path, monkeypatch):
+    """The check's runs have the periodic evaluation's engine beside the learner: not the profile's 4096."""
+    runs = []
+    monkeypatch.setattr(lc.subprocess, "run", lambda argv, cwd: runs.append(argv))
+    args = lc.build_parser().parse_args(["compare", "--tasks", "boil", "--steps", "2"])
+    lc.train("grpo", ["preset=grpo"], 0, tmp_path, ["boil"], args)
+    assert "learner.micro_batch_tokens=1024" in runs[0]
+    lc.train(
+        "grpo",
+        ["preset=grpo"],
+        0,
+        tmp_path,
+        ["boil"],
+        lc.build_parser().parse_args(["compare", "--tasks", "boil", "--micro-batch-tokens", "4096"]),
+    )
+    assert "learner.micro_batch_tokens=4096" in runs[1]
+
+
 def test_an_spa_method_trains_each_seed_from_one_timed_warm_start_and_reports_it(tmp_path, monkeypatch):
     """--spa: `empo2-spa all` runs once per method, before its seeds; each seed trains and is evaluated from
     the SFT checkpoint (model.name); the report gives the warm start's time and the SFT's held-out figures."""
