@@ -85,11 +85,12 @@ OVERRIDES = [
     "launch.backoff_s=3",
     "launch.num_env_actors=1",  # grown to 3 and shrunk back to 1 while it runs
     "learner.checkpoint_every=1",  # a restarted learner resumes from its last step
-    # room for the scaled-up actors: a slot for each of 3 actors at once, and a third learner step so
-    # the run outlasts the scaling (the e2e profile has 1 open group and 2 steps)
+    # room for the scaled-up actors: a slot for each of 3 actors at once, and learner steps enough that
+    # the run outlasts the live tests (the e2e profile has 1 open group and 2 steps; at 3 steps, once the
+    # learner's steps took ~30 s at 4096 micro-batch tokens, the run ended before the CURVE test)
     "replay_buffer.max_open_groups=3",
     "replay_buffer.max_ready_groups=2",
-    "learner.total_steps=3",
+    "learner.total_steps=8",
 ]
 ROLES = ["policy_server0", "memory_service", "replay_buffer", "env_actor0", "learner"]
 TIMEOUT_S = 1500
@@ -163,6 +164,11 @@ class Run(LaunchedRun):
         return {
             t["labels"].get("role", t["labels"]["job"]): t for t in _api("targets", state="active")["activeTargets"]
         }
+
+    def still_running(self, test: str) -> None:
+        """Fail at once, not at the suite's deadline, where the run ended before a test that needs it."""
+        if not self.alive():
+            pytest.fail(f"the run ended before {test}: raise learner.total_steps in OVERRIDES\n{self.tail()}")
 
     def as_role(self, role: str) -> None:
         """This process's client key from now on (CURVE is process-wide: protocol/security.py)."""
@@ -300,6 +306,7 @@ def test_the_policy_server_exports_vllm_engine_metrics(run):
 
 
 def test_curve_guards_every_server_of_the_running_pipeline(run):
+    run.still_running("curve guards every server of the running pipeline")
     servers = {
         "policy_server": run.cfg.endpoints.policy_servers[0],
         "replay_buffer": run.cfg.endpoints.replay_buffer,
@@ -338,6 +345,7 @@ def test_curve_guards_every_server_of_the_running_pipeline(run):
 
 
 def test_the_live_policy_server_answers_hostile_inputs_and_keeps_serving(run):
+    run.still_running("the live policy server answers hostile inputs and keeps serving")
     before = read_state(run.run_dir)["roles"]["policy_server0"]
     result = fuzz_endpoint(
         run.cfg.endpoints.policy_servers[0],
