@@ -88,7 +88,9 @@ def test_each_method_is_compared_with_the_base_model_then_with_grpo():
 def test_a_step_budget_gives_every_run_the_same_learner_steps_under_a_wall_limit(tmp_path, monkeypatch):
     ran = []
     monkeypatch.setattr(lc.subprocess, "run", lambda argv, **kw: ran.append(argv))
-    args = SimpleNamespace(steps=8, budget_min=30.0, checkpoint_every=2, lr=1e-5, eval_every=0, lock="")
+    args = SimpleNamespace(
+        steps=8, budget_min=30.0, checkpoint_every=2, lr=1e-5, eval_every=0, lock="", micro_batch_tokens=1024
+    )
     lc.train("grpo", ["preset=grpo"], 1, tmp_path, ["boil"], args)
     lc.train("grpo", ["preset=grpo"], 1, tmp_path, ["boil"], SimpleNamespace(**{**vars(args), "steps": 0}))
     (steps, *_), (wall, *_) = ([a for a in argv if a.startswith("learner.total_steps=")] for argv in ran)
