@@ -248,7 +248,10 @@ def rss_growth(peaks: dict[str, dict]) -> list[str]:
     ]
 
 
-def audit(run: LaunchedRun, rc: int, summary: dict, faults, rows, before: tuple[set, set], steps: int) -> dict:
+def audit(
+    run: LaunchedRun, rc: int, summary: dict, faults, rows, before: tuple[set, set], steps: int, rss: dict[str, dict]
+) -> dict:
+    """`rss`: per role, the first and last third's memory to judge (rss_growth)."""
     processes_before, shm_before = before
     out = {
         "run": [] if rc == 0 and summary.get("outcome") == "done" and summary.get("policy_version") == steps
@@ -273,9 +276,7 @@ def audit(run: LaunchedRun, rc: int, summary: dict, faults, rows, before: tuple[
     time.sleep(2)
     left = {pid: cmd for pid, cmd in leftover_processes().items() if pid not in processes_before}
     out["left_behind"] = [*left.values(), *sorted(set(os.listdir("/dev/shm")) - shm_before)]
-    peaks = rss_peaks(rows)
-    peaks["learner"] = learner_floors(run.cfg.run_path(METRICS_LOG))  # its sampled peak: reported only
-    out["rss"] = rss_growth(peaks)
+    out["rss"] = rss_growth(rss)
     return {**out, "episode_counts": {k: episodes[k] for k in ("logged", "acknowledged")}}
 
 
@@ -368,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     sampler.join(5)
     summary = json.loads((run.run_dir / "summary.json").read_text()) if (run.run_dir / "summary.json").exists() else {}
     recovery(injected, sampler.rows)
-    report = audit(run, rc, summary, injected, sampler.rows, before, args.steps)
+    peaks, floors = rss_peaks(sampler.rows), learner_floors(run.cfg.run_path(METRICS_LOG))
+    # the learner judged by its memory after each step; its sampled peak is reported only
+    report = audit(run, rc, summary, injected, sampler.rows, before, args.steps, {**peaks, "learner": floors})
     clean = not any(v for k, v in report.items() if k != "episode_counts")
     if not args.run_dir and clean:
         shutil.rmtree(root, ignore_errors=True)
@@ -384,8 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         "soak_seconds": sampler.rows[-1]["t"] if sampler.rows else 0,
         "steps_reached": summary.get("policy_version"),
         "restarts": summary.get("restarts", {}),
-        "rss_peaks_mb": rss_peaks(sampler.rows),
-        "learner_resident_after_steps_mb": learner_floors(run.cfg.run_path(METRICS_LOG)),
+        "rss_peaks_mb": peaks,
+        "learner_resident_after_steps_mb": floors,
         "audit": report,
         "clean": clean,
     }
