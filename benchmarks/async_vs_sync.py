@@ -11,7 +11,9 @@ the first learner step to the last (the start-up, the same in both modes, is lef
   actor_idle_fraction      1 - (actor-seconds spent in episodes) / (window x envs): the time the
                            env actors had no episode to play (told to wait, or waiting to be told)
   staleness_max            the largest staleness of any trained turn (0 in sync mode by design)
-and the ratio async / sync of learner steps per hour. The result goes to
+  cpu_busy_fraction, cpu_seconds_per_learner_step   the machine's cores (deploy/lockstep.py cpu_use)
+and the ratio async / sync of learner steps per hour, with what the cores allow it (overlap_bounds):
+1 / sync's busy fraction, and async's CPU seconds per step over sync's. The result goes to
 benchmarks/results/async_vs_sync.json.
 
 The lockstep audit (deploy/lockstep.py): while a mode runs, the policy server's metrics are polled
@@ -35,7 +37,7 @@ import time
 from pathlib import Path
 
 from benchmarks.record import REPO, run_header, write_result
-from deploy.lockstep import lockstep_audit, polled_run, step_records
+from deploy.lockstep import cpu_use, lockstep_audit, polled_run, step_records
 
 # the CPU profile with two groups in flight, so the async mode can play ahead of the learner (the
 # profile's 1 and 1 would make both modes lockstep); ports away from the defaults and the tests'
@@ -88,6 +90,20 @@ def measure(run_dir: Path, envs: int) -> dict:
     }
 
 
+def overlap_bounds(async_: dict, sync: dict) -> dict:
+    """What the cores allow. Async can beat sync only by filling the time sync leaves the cores
+    idle: on the same cores, with the same CPU work per step, at most 1 / (sync's busy fraction).
+    What it gets of that is cut by what side by side costs (its CPU seconds per step over sync's)
+    and by the idle time it still leaves (its own busy fraction)."""
+    if not (async_.get("cpu_busy_fraction") and sync.get("cpu_busy_fraction")):
+        return {}
+    return {
+        "async_bound_from_sync_idle_cores": 1 / sync["cpu_busy_fraction"],
+        "async_over_sync_cpu_seconds_per_step": async_["cpu_seconds_per_learner_step"]
+        / sync["cpu_seconds_per_learner_step"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="async_vs_sync", description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget-s", type=float, default=300.0, help="wall budget per mode (start-up included)")
@@ -110,10 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[async_vs_sync] {mode}: {args.budget_s:.0f}s in {run_dir}", flush=True)
         polls = polled_run([*config, f"pipeline.mode={mode}"], run_dir, cwd=REPO)
         result[mode] = {"run_dir": str(run_dir.relative_to(REPO)), **measure(run_dir, envs)}
+        result[mode] |= cpu_use(step_records(run_dir), polls)
         result[mode]["lockstep_audit"] = lockstep_audit(step_records(run_dir), polls)
         print(f"[async_vs_sync] {mode}: {json.dumps(result[mode])}", flush=True)
     a, s = result["async"].get("learner_steps_per_hour"), result["sync"].get("learner_steps_per_hour")
     result["async_over_sync_learner_steps_per_hour"] = a / s if a and s else None
+    result |= overlap_bounds(result["async"], result["sync"])
     write_result(out, result)
     return 0
 

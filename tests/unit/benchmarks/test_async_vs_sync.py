@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.async_vs_sync import measure
+from benchmarks.async_vs_sync import measure, overlap_bounds
 
 FIXTURE = Path(__file__).parents[1] / "evaluation" / "fixtures" / "run_a"
 
@@ -30,3 +30,15 @@ def test_fewer_than_two_steps_leave_no_window(tmp_path):
 
 def test_a_run_without_a_metrics_log_is_measured_as_no_window(tmp_path):
     assert measure(tmp_path, envs=2)["learner_steps"] == 0
+
+
+def test_the_overlap_bounds_follow_from_the_cores_use_of_both_modes():
+    sync = {"cpu_busy_fraction": 0.8, "cpu_seconds_per_learner_step": 72.0}
+    async_ = {"cpu_busy_fraction": 0.95, "cpu_seconds_per_learner_step": 81.0}
+    bounds = overlap_bounds(async_, sync)
+    assert bounds["async_bound_from_sync_idle_cores"] == pytest.approx(1.25)
+    assert bounds["async_over_sync_cpu_seconds_per_step"] == pytest.approx(1.125)
+    # the ratio they explain: steps per second = busy fraction x cores / CPU seconds per step
+    ratio = (0.95 * 2 / 81.0) / (0.8 * 2 / 72.0)
+    assert ratio == pytest.approx(1.25 / 1.125 * 0.95)
+    assert overlap_bounds(async_, {"error": "no window"}) == {}
