@@ -189,12 +189,22 @@ PipelineMode = Choice("PipelineMode", {"async": "async", "sync": "sync"})
 
 @dataclass
 class PipelineModeConfig:
-    """How rollouts and learner steps interleave; read by the replay buffer, which paces both."""
+    """How rollouts and learner steps interleave: `mode` is read by the replay buffer, which paces
+    both; `rollout_nice` by each rollout process at its start (pipeline/cli.py)."""
 
     # async: actors keep playing while the learner steps (staleness up to learner.max_staleness);
     # sync: the buffer hands out one batch of groups per policy version, and the next batch only once
     # the learner asks for a batch with the new version, i.e. after its step and weight push (staleness 0)
     mode: PipelineMode = PipelineMode["async"]
+    # The CPU niceness (0-19) of the rollout side (policy servers, env actors, memory service: the
+    # roles with Role.rollout) where it shares cores with the learner. 0: a fair share each. Above 0
+    # the learner takes the cores first and the rollouts fill its idle time: on 2 cores, async, at
+    # 10 the same learner steps per hour with the trained turns' staleness 2.1 -> 0.8 versions
+    # (benchmarks/README.md#async-vs-sync). No effect on stages that do not overlap (sync mode).
+    rollout_nice: int = 0
+
+    def validate(self) -> None:
+        check(0 <= self.rollout_nice <= 19, "rollout_nice", "a niceness in 0..19 (higher: less CPU beside the learner)")
 
 
 @dataclass

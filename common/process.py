@@ -35,6 +35,23 @@ ROLE_ENV = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLEL
 ROLE_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
+def lower_cpu_priority(nice: int) -> None:
+    """Run this process, and the threads and processes it starts later (vLLM's workers, ScienceWorld's
+    JVM), at CPU niceness `nice` (never lowering an operator's higher one). Linux shares the CPU
+    first between autogroups (one per session, and a launched role is a session of its own) and only
+    then by niceness, so a session leader sets its autogroup's niceness too, where the kernel has
+    autogroups; a process run from a shell leaves the shell's session alone."""
+    current = os.getpriority(os.PRIO_PROCESS, 0)
+    if nice <= current:
+        return
+    os.setpriority(os.PRIO_PROCESS, 0, nice)  # on Linux the calling thread; threads started later inherit it
+    if os.getsid(0) == os.getpid():
+        try:
+            Path("/proc/self/autogroup").write_text(str(nice))
+        except OSError:  # no autogroups (kernel option off): the niceness alone decides
+            pass
+
+
 def role_env(env_extra: dict[str, str | None] | None = None) -> dict[str, str]:
     """The environment of a role process: ROLE_ENV_DEFAULTS, then the parent's, then ROLE_ENV and
     `env_extra`; a None in `env_extra` removes that variable."""

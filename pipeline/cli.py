@@ -19,6 +19,7 @@ from pathlib import Path
 
 from common.config import RunFacts
 from common.heartbeat import heartbeat_path
+from common.process import lower_cpu_priority
 from pipeline.config import ConfigError, PipelineConfig, load_config, run_facts, to_yaml
 from pipeline.roles import LEARNER_TOKEN_ENV, ROLES, Role, process_index, process_name
 
@@ -115,6 +116,8 @@ def run(command: str, argv: list[str] | None = None) -> int | None:
     if role.stages and not stage:
         print(f"usage: {command} {{{'|'.join(role.stages)}}} [key=value ...]", file=sys.stderr)
         return 2
+    if role.rollout:  # before the import: vLLM's and torch's threads inherit it
+        lower_cpu_priority(cfg.pipeline.rollout_nice)
     module = importlib.import_module(role.module)
     if role.driver:
         return module.main([*stage, *argv], cfg)

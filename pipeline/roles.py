@@ -30,6 +30,7 @@ class Role:
     learner_token: bool = False  # given the run's learner token (LEARNER_TOKEN_ENV): it checks or sends it
     console_script: bool = True  # an empo2-* script (pyproject [project.scripts]); else only `python -m pipeline`
     stages: tuple[str, ...] = ()  # a driver whose first argument names what it does (empo2-spa collect ...)
+    rollout: bool = False  # on the rollout side: runs at pipeline.rollout_nice (common/process.py lower_cpu_priority)
 
     @property
     def driver(self) -> bool:
@@ -44,6 +45,7 @@ _ROLES = (
         sections=("policy_server", "weight_sync"),
         metrics="policy_server",
         index_key="policy_server.index",
+        rollout=True,
     ),
     Role(
         "empo2-env-actor",
@@ -52,6 +54,7 @@ _ROLES = (
         metrics="env_actor",
         index_key="env_actor.index",
         curve_client="env_actor",
+        rollout=True,
     ),
     Role(
         "empo2-memory-service",
@@ -59,6 +62,7 @@ _ROLES = (
         sections=("memory_service", "sge"),
         metrics="memory_service",
         curve_client="memory_service",
+        rollout=True,
     ),
     Role(
         "empo2-replay-buffer",

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from common.process import release_free_heap, status_mb
+from common.process import lower_cpu_priority, release_free_heap, status_mb
 from tests.helpers import REPO
 
 SUPERVISOR = """
@@ -165,3 +165,43 @@ def test_release_free_heap_returns_the_holes_a_freed_step_leaves():
     for b in blocks[1::2]:
         libc.free(b)
     assert released > 0.6 * 1500 * block / 2**20, f"{released:.0f} MB given back"
+
+
+PRIORITY = """
+import os
+from pathlib import Path
+from common.process import lower_cpu_priority
+lower_cpu_priority({nice})
+autogroup = Path("/proc/self/autogroup")
+print(os.getpriority(os.PRIO_PROCESS, 0), autogroup.read_text().split()[-1] if autogroup.exists() else "-")
+"""
+
+
+def _priority_in_child(nice: int, new_session: bool, prefix: tuple[str, ...] = ()) -> tuple[int, str]:
+    out = subprocess.run(
+        [*prefix, sys.executable, "-c", PRIORITY.format(nice=nice)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        start_new_session=new_session,
+    ).stdout.split()
+    return int(out[0]), out[1]
+
+
+def test_a_rollout_process_runs_niced_and_so_does_its_session_autogroup():
+    target = min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)  # above this test's own niceness, whatever runs it
+    # a launched role is a session of its own: its autogroup (where the kernel has them) takes the niceness
+    assert _priority_in_child(target, new_session=True) in ((target, str(target)), (target, "-"))
+    # a process run from a shell (no session of its own) leaves the shell's autogroup alone
+    ours = Path("/proc/self/autogroup").read_text().split()[-1] if Path("/proc/self/autogroup").exists() else "-"
+    assert _priority_in_child(target, new_session=False) == (target, ours)
+    # an operator's higher niceness is kept, and 0 changes nothing
+    assert _priority_in_child(0, new_session=True, prefix=("nice", "-n", "19"))[0] == 19
+    assert _priority_in_child(0, new_session=True)[0] == os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def test_lower_cpu_priority_never_raises_the_priority():
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    lower_cpu_priority(before)  # no change asked: nothing to do, no permission needed
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before

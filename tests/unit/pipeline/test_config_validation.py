@@ -129,6 +129,8 @@ RULES = [
     (["launch.hang_timeout_s=-1"], "launch.hang_timeout_s"),
     (["launch.hang_timeout_s=100"], "launch.hang_timeout_s"),  # under env_actor.generate_timeout_s (300)
     (["launch.hang_timeout_s=60", "env_actor.generate_timeout_s=45"], "launch.hang_timeout_s"),  # push 300
+    (["pipeline.rollout_nice=20"], "pipeline.rollout_nice"),
+    (["pipeline.rollout_nice=-1"], "pipeline.rollout_nice"),
     (["tta.trials=0"], "tta.trials"),
     (["tta.tasks=[]"], "tta.tasks"),
     # metrics ports (tests/unit/pipeline/test_metrics_ports.py has the layout)

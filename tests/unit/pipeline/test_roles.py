@@ -92,3 +92,12 @@ def test_the_run_roles_start_every_role_through_the_pipeline_command(tmp_path):
     assert all(s.argv[0] == "pipeline" and s.argv[1] in ROLES for s in specs)
     assert [s.name for s in specs if s.learner_token] == ["replay_buffer", "learner"]
     assert specs[4].args == ("env_actor.index=1",) and specs[-1].ends_run
+
+
+def test_the_rollout_side_is_the_policy_servers_the_env_actors_and_the_memory_service():
+    # pipeline.rollout_nice applies to these (pipeline/cli.py), never to the learner or the buffer
+    assert {r.command for r in ROLES.values() if r.rollout} == {
+        "empo2-policy-server",
+        "empo2-env-actor",
+        "empo2-memory-service",
+    }
