@@ -26,7 +26,7 @@ shows how much generation overlaps the learner, the point of being asynchronous.
 Run (repository root; starts vLLM, ScienceWorld and the learner: hold the machine's heavy-run lock):
   flock /tmp/empo2-heavy.lock .venv/bin/python -m benchmarks.async_vs_sync --budget-s 1500
   flock /tmp/empo2-heavy.lock .venv/bin/python -m benchmarks.async_vs_sync --budget-s 1200 --cores partitioned
-  flock /tmp/empo2-heavy.lock .venv/bin/python -m benchmarks.async_vs_sync --budget-s 600 --cores learner_first
+  flock /tmp/empo2-heavy.lock .venv/bin/python -m benchmarks.async_vs_sync --budget-s 600 --cores fair
 """
 
 from __future__ import annotations
@@ -60,16 +60,16 @@ CONFIG = [
     "metrics.base_port=45000",
 ]
 # --cores: how the two cores are shared. colocated: every stage uses both (the profile's threads:
-# torch's default, one vLLM OpenMP thread per core), so in async mode the learner and vLLM contend;
-# partitioned: one core each (the learner one torch thread, vLLM one OpenMP thread pinned to core
-# 0), the CPU image of the anchors' separate trainer and inference GPUs, where a stage that waits
-# leaves its device idle in either mode
-# learner_first: colocated, the rollout side at niceness 10 (pipeline.rollout_nice), so the learner
-# takes the cores first and generation fills its idle time
+# torch's default, one vLLM OpenMP thread per core) and the profile's pipeline.rollout_nice (10: the
+# learner takes the cores first, the rollouts fill its idle time); fair: the same at an equal share
+# (rollout_nice 0), so in async mode the learner and vLLM contend; partitioned: one core each (the
+# learner one torch thread, vLLM one OpenMP thread pinned to core 0, equal shares), the CPU image of
+# the anchors' separate trainer and inference GPUs, where a stage that waits leaves its device idle in
+# either mode
 CORES = {
     "colocated": [],
-    "partitioned": ["learner.torch_threads=1", "policy_server.cpu_omp_threads_bind=0"],
-    "learner_first": ["pipeline.rollout_nice=10"],
+    "fair": ["pipeline.rollout_nice=0"],
+    "partitioned": ["learner.torch_threads=1", "policy_server.cpu_omp_threads_bind=0", "pipeline.rollout_nice=0"],
 }
 
 

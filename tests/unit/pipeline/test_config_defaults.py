@@ -66,6 +66,7 @@ def test_a_preset_changes_only_what_it_names_and_restates_no_default(preset):
 CPU_RUN = {
     "env.max_steps": 4,
     "env.task_step_limits": False,  # 4 steps for every task, also those with a reference limit
+    "pipeline.rollout_nice": 10,  # the learner first on the shared cores (benchmarks/README.md#async-vs-sync)
     "replay_buffer.tasks": ["find-living-thing"],
     "replay_buffer.group_size": 4,
     "replay_buffer.max_open_groups": 1,
