@@ -7,6 +7,7 @@ the policy version it last saw, so a Grafana board can line roles up by version.
 
 from __future__ import annotations
 
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -16,6 +17,16 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Count
 # learner's "step" records (learner/train.py) and the evaluations' "eval" records (evaluation/eval.py),
 # read by empo2-plot (evaluation/plot.py). Lines are appended whole (one write each).
 METRICS_LOG = "metrics.jsonl"
+
+
+class _MetricsServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        # A scraper that gave up (its timeout, while this process was stopped or busy) and hung up:
+        # the page's read or write fails on the closed socket. Its business, not this role's error.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> ThreadingHTTPServer:
@@ -38,8 +49,7 @@ def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> Threadin
         def log_message(self, *args) -> None:  # a scrape a second is not worth a log line
             pass
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
+    server = _MetricsServer((host, port), Handler)
     threading.Thread(target=server.serve_forever, name=f"metrics:{port}", daemon=True).start()
     return server
 

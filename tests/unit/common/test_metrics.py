@@ -4,6 +4,9 @@ keeps their names whatever format the scraper asks for."""
 
 from __future__ import annotations
 
+import socket
+import struct
+import time
 import urllib.request
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, generate_latest
@@ -43,3 +46,30 @@ def test_the_page_is_text_with_colon_names_even_when_openmetrics_is_asked_for():
         server.server_close()
     assert content_type.startswith("text/plain; version=0.0.4")
     assert "vllm:generation_tokens_total 5.0" in body and "vllm_generation_tokens" not in body
+
+
+def test_a_scraper_that_hangs_up_leaves_no_traceback_and_the_next_scrape_is_served(capfd):
+    """A scraper gives up on a process that was stopped or busy (SIGSTOP, a long step) and closes
+    its connection: the page's write fails on the closed socket. That is the scraper's business,
+    not an error of the role: no traceback in the role's log, and the next scrape is answered."""
+    registry = CollectorRegistry()
+    wide = Gauge("wide", "A page larger than the socket buffers", ["i"], registry=registry)
+    for i in range(40_000):
+        wide.labels(str(i)).set(i)
+    port = free_port()
+    server = serve_metrics(registry, "127.0.0.1", port)
+    try:
+        for _ in range(3):
+            client = socket.create_connection(("127.0.0.1", port), timeout=5)
+            client.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(0.3)  # the page is being written, into buffers the client never reads
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.close()  # a reset, as a scraper's timeout leaves it
+        time.sleep(0.5)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            assert b'wide{i="39999"} 39999.0' in resp.read()
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception occurred" not in err, err[-2000:]
