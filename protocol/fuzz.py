@@ -254,13 +254,16 @@ def fuzz_endpoint(
     seed: int,
     alive: Callable[[], bool],
     memory_mb: Callable[[], float],
+    reply_timeout_s: float | None = None,
 ) -> dict:
     """`inputs` hostile inputs to the running `socket` server at `endpoint` (up while `alive()`; its
     memory in MB read by `memory_mb()` at each check), a valid request after every `check_every`;
-    the figures. The sockets follow the process's CURVE setting (protocol/security.py), so a live
+    the figures. An input not answered within `reply_timeout_s` (REPLY_TIMEOUT_S) counts as
+    no_reply. The sockets follow the process's CURVE setting (protocol/security.py), so a live
     run under CURVE is fuzzed past its handshake."""
+    reply_timeout_s = REPLY_TIMEOUT_S if reply_timeout_s is None else reply_timeout_s
     ctx = zmq.Context()
-    checker = Client(ctx, endpoint, timeout_s=REPLY_TIMEOUT_S)
+    checker = Client(ctx, endpoint, timeout_s=reply_timeout_s)
     rng = random.Random(seed)
     families, replies, checks = Counter(), Counter(), Counter()
     latencies = []
@@ -281,7 +284,7 @@ def fuzz_endpoint(
                 sock.connect(endpoint)
             start = time.monotonic()
             sock.send_multipart(frames)
-            if sock.poll(int(REPLY_TIMEOUT_S * 1000)):
+            if sock.poll(int(reply_timeout_s * 1000)):
                 latencies.append(time.monotonic() - start)
                 try:
                     reply = decode(sock.recv_multipart())
