@@ -123,5 +123,8 @@ def test_the_trainer_steps_as_with_autograds_own_activations(tmp_path):
         losses = [trainer.step(mixed_group(i)).loss for i in range(2)]
         results[lean] = losses, trainer.full_weights()
     assert results[True][0] == pytest.approx(results[False][0], abs=1e-6)
+    # Adam divides each update by its gradient's scale: where an element's two gradients nearly cancel,
+    # the matmuls' rounding (which differs between CPUs) moves it by a few 1e-6 (3.6e-6 on the machine
+    # of 2026-12-06 evening, under 1e-6 on the one before), 0.04% of the lr; a wrong gradient moves ~lr
     for name, value in results[False][1].items():
-        torch.testing.assert_close(results[True][1][name], value, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(results[True][1][name], value, rtol=1e-5, atol=2e-5, msg=name)
