@@ -54,6 +54,7 @@ from protocol.messages import (
     StrategyResult,
     Wait,
 )
+from protocol.transport import process_uptime_s
 
 log = logging.getLogger("memory_service")
 
@@ -193,7 +194,7 @@ class MemoryService:
         self.strategies.close()
 
     def ping(self, msg: Ping) -> Pong:
-        return Pong(role="memory_service", policy_version=-1, ready=True)
+        return Pong(role="memory_service", policy_version=-1, ready=True, uptime_s=process_uptime_s())
 
     def resume_reports(self) -> None:
         """Queue again every report a previous run acknowledged and did not reflect on."""

@@ -140,6 +140,9 @@ class Pong(Message):
     # policy server: the run's newest version when it started (protocol/newest_version.py), which it
     # waits for, serving no generation, until a weight update reaches it; 0 = it waits for nothing
     awaiting_version: int = 0
+    # seconds since the server's process started (-1: not said). A client that has waited longer than
+    # this for a reply knows its request went to an earlier process, and is lost (protocol/transport.py)
+    uptime_s: float = -1.0
 
 
 @register

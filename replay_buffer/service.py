@@ -48,6 +48,7 @@ from protocol.messages import (
     Trajectory,
     Wait,
 )
+from protocol.transport import process_uptime_s
 from replay_buffer.buffer import BatchInFlight, BufferLog, ReplayBuffer
 from replay_buffer.config import Durability, ReplayBufferConfig
 
@@ -169,7 +170,7 @@ class BufferProcess:
         return reply
 
     def ping(self, msg: Ping) -> Pong:
-        return Pong(role="replay_buffer", policy_version=self.learner_version, ready=True)
+        return Pong(role="replay_buffer", policy_version=self.learner_version, ready=True, uptime_s=process_uptime_s())
 
     def assign(self, msg: AssignmentRequest) -> Assignment | Wait:
         if self.buffer.held_bytes() >= self.run_facts.security.max_held_trajectory_bytes:

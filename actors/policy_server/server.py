@@ -49,6 +49,7 @@ from protocol.messages import (
 )
 from protocol.newest_version import read_newest_version
 from protocol.security import secure_server, sender_role, watch_handshakes
+from protocol.transport import process_uptime_s
 from protocol.weight_file import file_checksum, shared_lock
 
 log = logging.getLogger("policy_server")
@@ -198,6 +199,7 @@ class PolicyServer:
             policy_version=version,
             ready=self.engine is not None,
             awaiting_version=self.awaiting_version,
+            uptime_s=process_uptime_s(),
         )
 
     def _spawn(self, coro) -> None:

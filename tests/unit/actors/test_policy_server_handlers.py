@@ -3,6 +3,8 @@ the server does not serve gets the unexpected_kind answer every server gives (an
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from actors.policy_server.server import PolicyServer
@@ -16,7 +18,8 @@ def test_ping_and_an_unserved_type_through_the_table(tmp_path):
     server = PolicyServer(**given("empo2-policy-server", load_config([f"run_dir={tmp_path}"])))
     identity = b"client"
     pong = dispatch(server.handlers, Ping(sender="t"), server.metrics, identity)
-    assert pong == Pong(role="policy_server", policy_version=-1, ready=False)  # no engine yet
+    assert pong.uptime_s >= 0  # how long its process has been up (protocol/transport.py: a lost request)
+    assert replace(pong, uptime_s=-1.0) == Pong(role="policy_server", policy_version=-1, ready=False)  # no engine yet
     reply = dispatch(server.handlers, MemoryQuery(task="t", variation=0, state="s"), server.metrics, identity)
     assert reply == ErrorReply(reason="unexpected_kind", detail="memory_query is not served here")
     rejected = server.metrics.registry.get_sample_value(
@@ -167,9 +170,13 @@ def test_a_server_started_into_a_run_serves_nothing_until_the_newest_weights_arr
 
     refused, waiting, ack, answer, served = asyncio.run(scenario())
     assert refused.reason == "not_ready" and "policy version 4" in refused.detail
-    assert waiting == Pong(role="policy_server", policy_version=0, ready=True, awaiting_version=4)
+    assert replace(waiting, uptime_s=-1.0) == Pong(
+        role="policy_server", policy_version=0, ready=True, awaiting_version=4
+    )
     assert ack.applied and answer.policy_version == 4
-    assert served == Pong(role="policy_server", policy_version=4, ready=True, awaiting_version=0)
+    assert replace(served, uptime_s=-1.0) == Pong(
+        role="policy_server", policy_version=4, ready=True, awaiting_version=0
+    )
 
 
 def test_a_server_of_fixed_weights_does_not_wait_for_the_runs_newest_version(tmp_path):

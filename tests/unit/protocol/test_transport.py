@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
 
@@ -17,6 +18,7 @@ from protocol.transport import (
     Client,
     RemoteError,
     Request,
+    RequestLost,
     RequestTimeout,
     bind_router,
     recv_request,
@@ -168,6 +170,62 @@ def test_recv_times_out_with_request_timeout_naming_the_endpoint(serve, make_cli
     assert server.endpoint in str(info.value) and "within 0.2s" in str(info.value)
     # the request was delivered: what timed out is the wait for its reply
     assert wait_for(lambda: [r.message for r in server.requests] == [Ping(sender="x")])
+
+
+def test_a_request_lost_to_a_restarted_server_fails_at_once_not_at_its_timeout(ctx, serve):
+    """The server dies with the request in flight and comes back on the same endpoint: the client's
+    probe finds it up for less time than the request has waited, and gives the request up."""
+    first = serve(lambda req: None, "tcp://127.0.0.1:*")  # takes the request, never answers
+    endpoint = first.endpoint
+    restarted_at = []
+
+    def pong_only(req: Request) -> Pong | None:
+        if isinstance(req.message, Ping):
+            return Pong(role="r", policy_version=0, ready=True, uptime_s=time.monotonic() - restarted_at[-1])
+        return None
+
+    def restart() -> None:
+        time.sleep(0.5)
+        first.close()
+        for _ in range(100):  # a closed socket's port is freed by ZeroMQ's I/O thread, a moment later
+            restarted_at.append(time.monotonic())
+            try:
+                serve(pong_only, endpoint)
+                return
+            except zmq.ZMQError:
+                time.sleep(0.05)
+
+    client = Client(ctx, endpoint, timeout_s=20.0, probe_after_s=0.2)
+    threading.Thread(target=restart, daemon=True).start()
+    start = time.monotonic()
+    with pytest.raises(RequestLost, match="restarted"):
+        client.call(Ack(ref="in flight"))
+    assert time.monotonic() - start < 10  # not the 20 s timeout
+    client.close()
+
+
+def test_a_server_up_all_along_is_waited_for_until_it_answers(ctx, serve):
+    def handler(req: Request):
+        if isinstance(req.message, Ping):
+            return Pong(role="r", policy_version=0, ready=True, uptime_s=1000.0)
+        time.sleep(1.0)  # a slow answer (a long generation)
+        return Ack(ref="done")
+
+    server = serve(handler, "tcp://127.0.0.1:*")
+    client = Client(ctx, server.endpoint, timeout_s=30.0, probe_after_s=0.2)
+    assert client.call(Ack(ref="slow")) == Ack(ref="done")
+    client.close()
+
+
+def test_a_server_that_does_not_answer_the_probe_is_waited_for_until_the_timeout(ctx, serve):
+    server = serve(lambda req: None)  # stopped, or busy: no Pong either
+    client = Client(ctx, server.endpoint, timeout_s=1.0, probe_after_s=0.1)
+    start = time.monotonic()
+    with pytest.raises(RequestTimeout) as info:
+        client.call(Ack(ref="x"))
+    assert not isinstance(info.value, RequestLost) and time.monotonic() - start >= 1.0
+    assert any(isinstance(r.message, Ping) for r in server.requests)  # it was asked
+    client.close()
 
 
 def test_late_reply_to_a_timed_out_request_is_not_taken_for_the_next_reply(serve, make_client):

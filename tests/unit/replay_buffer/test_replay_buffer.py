@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -485,7 +486,8 @@ def test_buffer_process_answers_its_message_types_and_refuses_others(tmp_path):
     cfg = load_config([f"run_dir={tmp_path}", "replay_buffer.tasks=[boil]", "replay_buffer.group_size=2"])
     process = BufferProcess(cfg.replay_buffer, run_facts(cfg), {"boil": [4]})
     try:
-        assert dispatch(process.handlers, Ping(sender="t"), process.metrics) == Pong(
+        pong = dispatch(process.handlers, Ping(sender="t"), process.metrics)
+        assert pong.uptime_s >= 0 and replace(pong, uptime_s=-1.0) == Pong(
             role="replay_buffer", policy_version=0, ready=True
         )
         assignment = dispatch(process.handlers, AssignmentRequest(actor_id="a"), process.metrics)
