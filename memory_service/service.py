@@ -54,7 +54,7 @@ from protocol.messages import (
     StrategyResult,
     Wait,
 )
-from protocol.transport import process_uptime_s
+from protocol.transport import RequestLost, process_uptime_s
 
 log = logging.getLogger("memory_service")
 
@@ -328,6 +328,10 @@ class MemoryService:
                         not_ready = True
                     else:
                         self.reflection_failed(report_id, report)
+                    continue
+                except RequestLost as exc:  # the policy server restarted: not the report's failed attempt
+                    log.warning("episode %s: %s; its reflection is asked again", short_id(report.episode_id), exc)
+                    self.reports.put((report_id, report))
                     continue
                 except Exception:
                     self.reflection_failed(report_id, report)

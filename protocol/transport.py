@@ -113,11 +113,12 @@ class Client:
         timeout_s: float = 30.0,
         hwm: int = DEFAULT_HWM,
         max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-        probe_after_s: float = LIVENESS_PROBE_S,
+        probe_after_s: float | None = None,
     ):
         self.ctx, self.endpoint, self.timeout_s = ctx, endpoint, timeout_s
         self.hwm, self.max_bytes = hwm, max_bytes
-        self.probe_after_s = probe_after_s  # 0: never probe, wait out the timeout
+        # LIVENESS_PROBE_S unless given; 0: never probe, wait out the timeout
+        self.probe_after_s = LIVENESS_PROBE_S if probe_after_s is None else probe_after_s
         self._sock: zmq.Socket | None = None
         self._sent_at = 0.0
 

@@ -6,7 +6,9 @@ restarts it; its engine loads the base model, it reads the run's newest version
 a batch, sees it behind (its Pong) and pushes the current weights to it alone (catch-up), or its next
 step's push reaches it (sent again while the server answers not_ready, never failing). Its first
 generation after the restart is at the newest version, never the base model's, and training goes on
-to its step target with the episodes the restarted server plays.
+to its step target with the episodes the restarted server plays. With the default timeouts (300 s):
+a generation or a push in flight on the killed server is given up once the restarted one answers a
+probe (protocol/transport.py, RequestLost), not at its timeout.
 """
 
 from __future__ import annotations
@@ -31,8 +33,6 @@ OVERRIDES = [
     "endpoints.memory_service=tcp://127.0.0.1:21570",
     f"metrics.base_port={BASE}",
     f"learner.total_steps={TOTAL_STEPS}",
-    # an actor's generation in flight on the killed server is given up after this (default 300 s)
-    "env_actor.generate_timeout_s=60",
     "launch.backoff_s=2",
     "launch.progress_every_s=15",
 ]
