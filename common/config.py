@@ -103,7 +103,7 @@ class MetricsConfig:
         check(1024 <= low and high <= 65535, "base_port", f"the metrics ports {low}..{high} must lie in 1024..65535")
 
 
-# The reference wrapper's per-task step limits (empo2.md, "Reference experimental setup"); every other
+# The reference wrapper's per-task step limits (docs/method.md, "Reference experimental setup"); every other
 # task: EnvConfig.max_steps (30).
 REFERENCE_TASK_STEP_LIMITS = {
     "boil": 100,

@@ -21,7 +21,7 @@ class TestTimeAdaptationConfig:
     tasks: list[str] = field(default_factory=lambda: ["find-animal"])  # tasks not trained on
     variations: int = 1  # the first N test variations of each task
     trials: int = 5  # K: attempts per (task, variation); memory grows between them
-    temperature: float = 0.4  # evaluation temperature (empo2.md)
+    temperature: float = 0.4  # evaluation temperature (docs/method.md)
     reflection_wait_s: float = 300.0  # wait for each trial's reflection before the next trial
 
     def validate(self) -> None:
@@ -34,7 +34,7 @@ class TestTimeAdaptationConfig:
 
 @dataclass
 class EvalConfig:
-    """`empo2-eval`: a policy scored as the paper's Table 1 is (empo2.md, "Reference experimental
+    """`empo2-eval`: a policy scored as the paper's Table 1 is (docs/method.md, "Reference experimental
     setup"): the first `variations` test variations of each task, `episodes` episodes each, no
     memory, at `temperature`, with the per-task step limits of `env`."""
 

@@ -1,7 +1,7 @@
 """Evaluation (the paper's Table 1): a policy's score and success rate on the test variations.
 
 Scores `eval.policy` ("base": model.name; "latest": the newest checkpoint of <run_dir>/checkpoints;
-or a checkpoint directory) as the paper does (empo2.md, "Reference experimental setup"): the
+or a checkpoint directory) as the paper does (docs/method.md, "Reference experimental setup"): the
 first eval.variations **test** variations of each of eval.tasks (never a train variation),
 eval.episodes episodes per variation (seeds 0..N-1), **no memory** (mode on_policy: the memory
 service is neither started nor queried), sampling at eval.temperature (0.4), with the per-task
@@ -56,7 +56,7 @@ from protocol.messages import ON_POLICY, Assignment
 
 log = logging.getLogger("eval")
 
-# The paper's Table 1 (empo2.md): ScienceWorld test variations, mean ± std, Qwen2.5-7B-Instruct.
+# The paper's Table 1 (docs/method.md): ScienceWorld test variations, mean ± std, Qwen2.5-7B-Instruct.
 PAPER_TABLE_1 = {
     "chemistry-mix": {"EMPO2": (42.7, 12.4), "GRPO": (12.4, 3.5)},
     "chemistry-mix-paint-secondary-color": {"EMPO2": (33.3, 0.6), "GRPO": (7.1, 2.8)},
