@@ -172,6 +172,23 @@ class ReplayBufferMetrics(RoleMetrics):
         self.assignments_returned = self._counter(
             "assignments_returned", "Unfinished slots given back by actors that stopped gracefully"
         )
+        # leases (replay_buffer/buffer.py, LeaseCounts): since start, one gauge per event
+        self.leases = Gauge(
+            "empo2_replay_buffer_leases",
+            "Lease events since start: renewed, lost (a renewal of a slot no longer the sender's), lapsed "
+            "(handed out again), released_restart (the actor restarted), released_return",
+            ["event"],
+            registry=self.registry,
+        )
+        # what the open groups wait for: unfilled slots by the actor id holding their lease ("none": no
+        # one holds it, it goes to the next actor that asks); the label values are the live leases' holders
+        self.open_slots = Gauge(
+            "empo2_replay_buffer_open_slots",
+            "Unfilled slots of the open groups, by the actor holding their lease (none: not leased)",
+            ["holder"],
+            registry=self.registry,
+        )
+        self.groups_open = self._gauge("groups_open", "Groups handed out and not yet complete")
         self.groups_ready = self._gauge("groups_ready", "Complete groups waiting for the learner")
         self.groups_served = self._counter("groups_served", "Groups handed to the learner")
         self.groups_dropped_stale = self._counter("groups_dropped_stale", "Groups dropped as too stale")

@@ -386,9 +386,11 @@ class AssignmentRequest(Message):
 
     KIND = "assignment_request"
     actor_id: str
+    # the sending process's incarnation (LeaseRenewal): "" = not said (no restart detection)
+    incarnation: str = ""
 
     def validate(self) -> None:
-        _check(_short(self.actor_id), "actor_id too long")
+        _check(_short(self.actor_id, self.incarnation), "actor_id or incarnation too long")
 
 
 @register
@@ -432,6 +434,39 @@ class AssignmentReturn(Message):
     group_id: str
     slot: int
     actor_id: str
+    incarnation: str = ""  # the returning process's (LeaseRenewal); "": not said
+
+    def validate(self) -> None:
+        _check(_short(self.group_id, self.actor_id, self.incarnation), "an id is too long")
+        _check(self.slot >= 0, "negative slot")
+
+
+@register
+@dataclass
+class LeaseRenewal(Message):
+    """The keep-alive of an assignment: an actor's process renews the slot each of its envs plays,
+    every env_actor.lease_renew_s, from a thread of its own (actors/env_actor/lease.py), so a slot is
+    leased for as long as its actor lives, not for as long as a turn may take. Without a renewal for
+    replay_buffer.lease_ttl_s the lease lapses and the slot is handed out again. Env actor -> replay
+    buffer; answered with Ack, or ErrorReply(lease_lost) when the slot is no longer this actor's (it
+    lapsed and went to another actor, another episode filled it, or the buffer restarted without its
+    group): the actor then drops the episode.
+
+    `incarnation` is a random id each actor process draws at its start and sends with its
+    AssignmentRequests, returns and renewals: a restarted actor (the same actor_id, a new
+    incarnation) releases every lease its predecessor held at its first message, at once.
+    group_id "" renews nothing: it only announces the incarnation (an actor that has no slot yet)."""
+
+    KIND = "lease_renewal"
+    actor_id: str
+    incarnation: str
+    group_id: str = ""
+    slot: int = 0
+
+    def validate(self) -> None:
+        _check(bool(self.incarnation), "incarnation is empty")
+        _check(_short(self.actor_id, self.incarnation, self.group_id), "an id is too long")
+        _check(self.slot >= 0, "negative slot")
 
 
 @dataclass

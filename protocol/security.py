@@ -63,6 +63,7 @@ SENDERS: dict[str, frozenset[str]] = {
     "nccl_transfer_update": frozenset({"learner"}),
     "assignment_request": frozenset({"env_actor"}),
     "assignment_return": frozenset({"env_actor"}),
+    "lease_renewal": frozenset({"env_actor"}),
     "trajectory": frozenset({"env_actor"}),
     "batch_request": frozenset({"learner"}),
     "batch_confirm": frozenset({"learner"}),

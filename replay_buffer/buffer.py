@@ -47,6 +47,43 @@ def draw_mode(rng: random.Random, p_memory: float, q_off_policy: float) -> str:
 
 
 @dataclass
+class Lease:
+    """A slot handed out: to whom (the actor id and its process's incarnation, "" when not said), when,
+    and when its actor last renewed it (LeaseRenewal). It lapses lease_ttl_s after the last renewal,
+    or assignment_timeout_s after it was granted however often it was renewed; a lapsed lease stays
+    its holder's until another actor asks for a slot (assign hands it out again)."""
+
+    actor_id: str
+    incarnation: str
+    granted: float
+    renewed: float
+
+    def lapsed(self, now: float, cfg: ReplayBufferConfig) -> bool:
+        return now - self.renewed > cfg.lease_ttl_s or now - self.granted > cfg.assignment_timeout_s
+
+    def held_by(self, actor_id: str, incarnation: str) -> bool:
+        return self.actor_id == actor_id and self.incarnation == incarnation
+
+
+@dataclass
+class LeaseCounts:
+    """Lease events since start (the service exports them): leases renewed, renewals of a slot no
+    longer the sender's (lost), leases that lapsed and were handed out again, leases released at once
+    because their actor restarted (a new incarnation) or returned them."""
+
+    renewed: int = 0
+    lost: int = 0
+    lapsed: int = 0
+    released_restart: int = 0
+    released_return: int = 0
+
+
+# The incarnations of restarted actors kept to recognise a late message of a dead process (its
+# predecessor's id must not take the actor back from its successor): the newest this many.
+RETIRED_INCARNATIONS = 4096
+
+
+@dataclass
 class Group:
     group_id: str
     task: str
@@ -54,7 +91,7 @@ class Group:
     mode: str
     size: int
     trajectories: dict[int, Trajectory] = field(default_factory=dict)  # slot -> trajectory
-    leases: dict[int, float] = field(default_factory=dict)  # slot -> time handed out
+    leases: dict[int, Lease] = field(default_factory=dict)  # slot -> its lease (unfilled slots only)
     sizes: dict[int, int] = field(default_factory=dict)  # slot -> encoded bytes of its trajectory
     # Rebuilt from the log after a restart: its leases were not logged, so a free slot of it is
     # accepted without one (the group id itself was handed out by this buffer before the restart).
@@ -113,17 +150,31 @@ class ReplayBuffer:
         self.herl = herl if herl is not None and herl.enabled else None
         self.hindsight = HindsightCounts()
         self.sge = sge if sge is not None and sge.enabled else None
+        self.leases = LeaseCounts()
+        self.incarnations: dict[str, str] = {}  # actor id -> its newest incarnation seen
+        self.retired: OrderedDict[str, None] = OrderedDict()  # incarnations replaced by a newer one
 
-    def assign(self, now: float) -> tuple[Assignment | None, bool]:
-        """Next slot to play, oldest group first; (None, False) when max_open_groups are all
-        handed out or max_ready_groups wait for the learner (backpressure). The flag says the
-        slot is a re-issue of an expired lease."""
+    def assign(self, now: float, actor_id: str = "", incarnation: str = "") -> tuple[Assignment | None, bool]:
+        """Next slot to play, oldest group first, leased to `actor_id` (`incarnation`: its process's);
+        (None, False) when max_open_groups are all handed out or max_ready_groups wait for the learner
+        (backpressure). The flag says the slot is a re-issue of a lapsed lease (counted)."""
+        self.see_incarnation(actor_id, incarnation)
         self.expire_guidance(now)
         for group in self.open.values():
             for slot in group.free_slots():
                 leased = group.leases.get(slot)
-                if leased is None or now - leased > self.cfg.assignment_timeout_s:
-                    group.leases[slot] = now
+                if leased is None or leased.lapsed(now, self.cfg):
+                    group.leases[slot] = Lease(actor_id, incarnation, now, now)
+                    if leased is not None:
+                        self.leases.lapsed += 1
+                        log.info(
+                            "lease of %s/%d lapsed (%s, last renewed %.0fs ago): handed out again to %s",
+                            group.group_id[:8],
+                            slot,
+                            leased.actor_id or "an actor",
+                            now - leased.renewed,
+                            actor_id or "an actor",
+                        )
                     return self._assignment(group, slot), leased is not None
         if len(self.open) >= self.cfg.max_open_groups or len(self.ready) >= self.cfg.max_ready_groups:
             return None, False
@@ -135,16 +186,86 @@ class ReplayBuffer:
         mode = draw_mode(self.rng, self.cfg.p_memory, self.cfg.q_off_policy)
         group = Group(uuid.uuid4().hex, task, variation, mode, self.cfg.group_size)
         self.open[group.group_id] = group
-        group.leases[0] = now
+        group.leases[0] = Lease(actor_id, incarnation, now, now)
         return self._assignment(group, 0), False
 
-    def release(self, group_id: str, slot: int) -> bool:
+    def release(self, group_id: str, slot: int, actor_id: str = "", incarnation: str = "") -> bool:
         """Give a leased, unfinished slot back (its actor stopped): the next assign hands it out
-        again. False if there was no such lease (the slot is filled, or the group is gone)."""
+        again. False if there was no such lease (the slot is filled, or the group is gone), or it is
+        another actor's now (it lapsed and was handed out again). An `actor_id` of "" releases any
+        holder's lease."""
+        self.see_incarnation(actor_id, incarnation)
         group = self.open.get(group_id)
-        if group is None or slot in group.trajectories:
+        lease = None if group is None or slot in group.trajectories else group.leases.get(slot)
+        if lease is None or actor_id and lease.actor_id != actor_id:
             return False
-        return group.leases.pop(slot, None) is not None
+        del group.leases[slot]
+        self.leases.released_return += 1
+        return True
+
+    def renew(self, group_id: str, slot: int, actor_id: str, incarnation: str, now: float) -> bool:
+        """An actor's keep-alive for the slot it plays (LeaseRenewal): True if the lease is still its
+        own (renewed until now + lease_ttl_s; a lapsed one not yet handed out again is its own still),
+        False if the slot is no longer its: handed out again, filled, its group closed or unknown. A
+        group rebuilt from the log after a restart has lost its leases: a renewal of a free slot there
+        that no one else holds takes it back. group_id "" renews nothing (an actor without a slot says
+        its incarnation): True."""
+        self.see_incarnation(actor_id, incarnation)
+        if not group_id:
+            return True
+        group = self.open.get(group_id)
+        free = group is not None and slot in group.free_slots()
+        lease = group.leases.get(slot) if free else None
+        if lease is None and free and group.from_log:
+            lease = group.leases[slot] = Lease(actor_id, incarnation, now, now)
+        if lease is None or not lease.held_by(actor_id, incarnation):
+            self.leases.lost += 1
+            return False
+        lease.renewed = now
+        self.leases.renewed += 1
+        return True
+
+    def see_incarnation(self, actor_id: str, incarnation: str) -> int:
+        """Note the incarnation an actor's message came with. A new one for a known actor (the actor
+        restarted) releases every lease its predecessor held at once: the next assign hands those
+        slots out again, not counted as lapsed. A retired incarnation (a late message of the dead
+        process) changes nothing. Returns the number of leases released."""
+        if not actor_id or not incarnation:
+            return 0
+        known = self.incarnations.get(actor_id)
+        if known == incarnation or incarnation in self.retired:
+            return 0
+        self.incarnations[actor_id] = incarnation
+        if known is None:
+            return 0
+        self.retired[known] = None
+        while len(self.retired) > RETIRED_INCARNATIONS:
+            self.retired.popitem(last=False)
+        released = 0
+        for group in self.open.values():
+            for slot in [s for s, lease in group.leases.items() if lease.held_by(actor_id, known)]:
+                del group.leases[slot]
+                released += 1
+        self.leases.released_restart += released
+        log.info(
+            "%s restarted (incarnation %s after %s): released its %d leases",
+            actor_id,
+            incarnation[:8],
+            known[:8],
+            released,
+        )
+        return released
+
+    def waiting_on(self) -> dict[str, int]:
+        """What the open groups wait for: unfilled slots by the actor whose lease they are under
+        ("" for slots no one holds), for the status's stall report (deploy/status.py)."""
+        held: dict[str, int] = {}
+        for group in self.open.values():
+            for slot in group.free_slots():
+                lease = group.leases.get(slot)
+                key = lease.actor_id if lease is not None else ""
+                held[key] = held.get(key, 0) + 1
+        return held
 
     def _assignment(self, group: Group, slot: int) -> Assignment:
         seed = self.rng.randrange(SEED_RANGE)
@@ -321,7 +442,11 @@ class ReplayBuffer:
 
     def check_lease(self, traj: Trajectory) -> None:
         """The door for an upload (issue 14): a new trajectory must answer a slot this buffer handed
-        out, in the group's task, variation and mode; else ProtocolError(reason), nothing stored."""
+        out, in the group's task, variation and mode; else ProtocolError(reason), nothing stored.
+        A slot handed out again after its lease lapsed takes the first complete episode, from either
+        actor (a late one of the lapsed holder too): the other is refused slot_filled, and its actor,
+        if still playing, learns it at its next renewal (lease_lost). So each slot holds one episode,
+        and every acknowledged episode is in the log exactly once."""
 
         def refuse(reason: str, detail: str) -> None:
             raise ProtocolError(reason, f"trajectory {traj.episode_id[:64]!r}: {detail}")

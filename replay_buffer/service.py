@@ -13,8 +13,13 @@ parts that fit the learner's message limit and stays the buffer's until the lear
 (re-served after batch_confirm_timeout_s, or at once when the learner asks anew: it restarted).
 
 Socket: ROUTER bound at endpoints.replay_buffer.
-  in : Ping, AssignmentRequest, AssignmentReturn, Trajectory (actors), BatchRequest, BatchConfirm (learner)
-  out: Pong, Assignment | Wait, Ack, Batch | Wait, Ack, ErrorReply
+  in : Ping, AssignmentRequest, AssignmentReturn, LeaseRenewal, Trajectory (actors), BatchRequest, BatchConfirm
+       (learner)
+  out: Pong, Assignment | Wait, Ack, Ack | ErrorReply(lease_lost), Ack, Batch | Wait, Ack, ErrorReply
+
+Leases: a slot is its actor's while the actor renews it (LeaseRenewal, from a thread of the actor's
+own); one not renewed for replay_buffer.lease_ttl_s is handed out again (counted), and a restarted
+actor (a new incarnation) releases its predecessor's at once.
 
 Run: `empo2-replay-buffer [key=value ...]`.
 """
@@ -43,6 +48,7 @@ from protocol.messages import (
     BatchConfirm,
     BatchRequest,
     ErrorReply,
+    LeaseRenewal,
     Ping,
     Pong,
     Trajectory,
@@ -108,6 +114,7 @@ class BufferProcess:
             Ping: self.ping,
             AssignmentRequest: self.assign,
             AssignmentReturn: self.return_assignment,
+            LeaseRenewal: self.renew,
             Trajectory: self.add_trajectory,
             BatchRequest: self.batch,
             BatchConfirm: self.confirm,
@@ -175,7 +182,7 @@ class BufferProcess:
     def assign(self, msg: AssignmentRequest) -> Assignment | Wait:
         if self.buffer.held_bytes() >= self.run_facts.security.max_held_trajectory_bytes:
             return Wait(retry_after_s=ASSIGNMENT_RETRY_S, reason="the buffer holds its byte limit of trajectories")
-        assignment, reissued = self.buffer.assign(time.time())
+        assignment, reissued = self.buffer.assign(time.time(), msg.actor_id, msg.incarnation)
         self.observe_groups()  # a guided group past its wait closes here
         if assignment is None:
             return Wait(retry_after_s=ASSIGNMENT_RETRY_S, reason="all open groups handed out, or the learner is behind")
@@ -185,12 +192,32 @@ class BufferProcess:
 
     def observe_groups(self) -> None:
         self.metrics.groups_ready.set(len(self.buffer.ready))
+        self.metrics.groups_open.set(len(self.buffer.open))
         for name, value in dataclasses.asdict(self.buffer.hindsight).items():
             self.metrics.hindsight.labels(name).set(value)
+        for name, value in dataclasses.asdict(self.buffer.leases).items():
+            self.metrics.leases.labels(name).set(value)
+        self.metrics.open_slots.clear()  # only the holders of live leases are labels
+        for holder, slots in self.buffer.waiting_on().items():
+            self.metrics.open_slots.labels(holder or "none").set(slots)
+
+    def renew(self, msg: LeaseRenewal) -> Ack:
+        """An actor's keep-alive for the slot it plays: Ack while the slot is its own; a slot that is no
+        longer its (lapsed and handed out again, filled by another episode, its group gone) is refused
+        lease_lost (counted), and the actor drops the episode."""
+        renewed = self.buffer.renew(msg.group_id, msg.slot, msg.actor_id, msg.incarnation, time.time())
+        self.observe_groups()
+        if not renewed:
+            raise ProtocolError(
+                "lease_lost", f"{msg.group_id[:64]}/{msg.slot} is no longer leased to {msg.actor_id[:64]}"
+            )
+        return Ack(ref=f"{msg.group_id}/{msg.slot}", detail="renewed" if msg.group_id else "no slot")
 
     def return_assignment(self, msg: AssignmentReturn) -> Ack:
-        """A stopping actor's unfinished slot: handed out again at the next request."""
-        released = self.buffer.release(msg.group_id, msg.slot)
+        """A stopping actor's unfinished slot: handed out again at the next request (unless another
+        actor holds it now)."""
+        released = self.buffer.release(msg.group_id, msg.slot, msg.actor_id, msg.incarnation)
+        self.observe_groups()
         self.metrics.assignments_returned.inc(int(released))
         log.info("%s returned %s/%d%s", msg.actor_id, msg.group_id[:8], msg.slot, "" if released else " (no lease)")
         return Ack(ref=f"{msg.group_id}/{msg.slot}", detail="released" if released else "no lease")

@@ -11,10 +11,13 @@ import pytest
 from protocol.codec import ProtocolError, decode, encode
 from protocol.messages import (
     Ack,
+    AssignmentRequest,
+    AssignmentReturn,
     BatchRequest,
     DoorLimits,
     EpisodeReport,
     GenerateRequest,
+    LeaseRenewal,
     MemoryQuery,
     MemoryResult,
 )
@@ -108,6 +111,11 @@ def test_door_limits(message, reason):
         BatchRequest(learner_version=-5, num_groups=1, max_staleness=0),
         BatchRequest(learner_version=0, num_groups=0, max_staleness=0),
         GenerateRequest("r", np.array([-1], np.int32), 1, 0.0, 0),
+        LeaseRenewal(actor_id="actor0", incarnation=""),  # a renewal names its incarnation
+        LeaseRenewal(actor_id="actor0", incarnation="i", group_id="g", slot=-1),
+        LeaseRenewal(actor_id="actor0", incarnation="i" * 257),
+        AssignmentReturn(group_id="g", slot=-1, actor_id="actor0"),
+        AssignmentRequest(actor_id="actor0", incarnation="i" * 257),
     ],
 )
 def test_other_wrong_messages_are_refused_by_decode(message):
