@@ -22,6 +22,7 @@ import signal
 import time
 from pathlib import Path
 
+from common.heartbeat import HEARTBEAT_DIR
 from common.process import alive
 
 STATE_FILE = Path("launch") / "state.json"
@@ -124,6 +125,22 @@ def newest_run(runs: Path = Path("runs")) -> Path | None:
     names a new one per run), or None."""
     states = sorted(runs.glob(f"*/{STATE_FILE}"), key=lambda p: p.stat().st_mtime)
     return states[-1].parent.parent if states else None
+
+
+def not_a_run(run_dir: str | Path) -> str | None:
+    """Why `run_dir` is not a run's directory, in one line; None when it is one: it holds what a run
+    writes first, the launcher's state (launch/state.json), a run's summary (summary.json) or the
+    roles' heartbeats (heartbeats/, made by every role at its start, under empo2-run or systemd)."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        return f"{run_dir} does not exist"
+    if not run_dir.is_dir():
+        return f"{run_dir} is not a directory"
+    markers = (STATE_FILE, Path(SUMMARY_FILE), Path(HEARTBEAT_DIR))
+    if any((run_dir / marker).exists() for marker in markers):
+        return None
+    names = ", ".join(f"{m}/" if m.name == HEARTBEAT_DIR else str(m) for m in markers)
+    return f"{run_dir} is not a run directory: it has none of {names} (a run's launcher or roles write them)"
 
 
 def request_scale(run_dir: str | Path, num_env_actors: int) -> None:

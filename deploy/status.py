@@ -12,7 +12,9 @@ generated and learner tokens/s (two scrapes `--interval` seconds apart), learner
 time per step, buffer depth (complete groups ready), staleness, memory entries and hits per
 retrieval. RUN_DIR defaults to the newest run under runs/. Without a launcher state (roles run by
 systemd) the roles and ports come from the configuration: the `key=value` overrides, as the
-units' EMPO2_ARGS. `--json` prints the same as one JSON object.
+units' EMPO2_ARGS. `--json` prints the same as one JSON object. A RUN_DIR that is not a run's
+directory (missing, or without launch/state.json, summary.json or heartbeats/) is refused: one line,
+exit status 2.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 from pathlib import Path
 
 from deploy.monitor import scrape, total
-from deploy.run_state import newest_run, read_finished, read_state
+from deploy.run_state import newest_run, not_a_run, read_finished, read_state
 
 # counters whose rates the status shows: (label, role kind, metric)
 RATES = [
@@ -204,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)  # options may come between the positionals
     if args.run_dir is not None and "=" in str(args.run_dir):  # only overrides were given
         args.overrides, args.run_dir = [str(args.run_dir), *args.overrides], None
+    problem = None if args.run_dir is None else not_a_run(args.run_dir)
+    if problem:  # not the roles' default ports, all of them down: a run dir mistyped says so
+        print(f"empo2-status: {problem}", file=sys.stderr)
+        return 2
     run_dir = args.run_dir or newest_run()
     state = read_state(run_dir) if run_dir else {}
     finished = read_finished(run_dir, state) if state else None

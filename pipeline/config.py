@@ -10,13 +10,16 @@ The dataclasses hold every default (the paper's recipe); conf/pipeline.yaml only
 with a preset (conf/preset/) and a profile (conf/profile/: `cpu`, the default, is the small CPU
 run of `make run`; `paper` the paper's setup). load_config validates the result before any
 process starts: OmegaConf checks types and the choice fields (Enums), `validate` every range and
-cross-section rule; a bad value raises one ConfigError naming the key.
+cross-section rule; a bad value raises one ConfigError naming the key. A key the schema does not have
+is refused too, also when added with `+key=value` or `++key=value` (Hydra adds those to the tree, and
+OmegaConf's conversion to the dataclasses would drop them), naming the nearest keys it does have.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -97,6 +100,9 @@ def load_config(overrides: list[str] | None = None, config_name: str = "pipeline
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             composed = compose(config_name=config_name, overrides=list(overrides or []))
+        unknown = _unknown_keys(composed)
+        if unknown:
+            raise ConfigError(unknown[0], f"not a key of the configuration{_did_you_mean(unknown[0])}")
         cfg = OmegaConf.to_object(composed)
     except (HydraException, OmegaConfBaseException) as exc:
         raise _config_error(exc) from None
@@ -125,10 +131,65 @@ def _config_error(exc: Exception) -> ConfigError:
         cause = cause.__cause__
     if cause is not None:
         problem = str(getattr(cause, "msg", cause)).splitlines()[0]
+        if isinstance(cause, KeyError | AttributeError):  # ConfigKeyError, ConfigAttributeError: no such key
+            problem += _did_you_mean(cause.full_key)
         return ConfigError(cause.full_key, problem)
     lines = [line.strip() for line in str(exc).splitlines()]  # an override Hydra cannot parse
     lines = [line for line in lines if line and not line.startswith(("See https://", "^"))]
     return ConfigError("overrides", "; ".join(lines) or type(exc).__name__)
+
+
+def _unknown_keys(node, prefix: str = "") -> list[str]:
+    """The dotted keys of a composed tree that its schema does not have: keys of a section (a
+    dataclass node) that are not its fields, as `+key=value` and `++key=value` add them. A map field
+    (a dict, e.g. env.max_steps_per_task) takes any key."""
+    from omegaconf import DictConfig, OmegaConf
+
+    schema = OmegaConf.get_type(node)
+    names = {f.name for f in fields(schema)} if is_dataclass(schema) else None
+    unknown = []
+    for key in node.keys():
+        dotted = f"{prefix}{key}"
+        child = node._get_node(key)
+        if names is not None and key not in names:
+            unknown.append(dotted)
+        elif isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            unknown += _unknown_keys(child, f"{dotted}.")
+    return unknown
+
+
+def schema_keys() -> list[str]:
+    """Every dotted key of the configuration: each section and each of its keys (a map field's
+    default keys included), e.g. learner, learner.lr, env.max_steps_per_task.boil."""
+    from omegaconf import DictConfig, OmegaConf
+
+    def walk(node: DictConfig, prefix: str) -> list[str]:
+        keys = []
+        for key in node.keys():
+            dotted = f"{prefix}{key}"
+            keys.append(dotted)
+            child = node._get_node(key)
+            if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+                keys += walk(child, f"{dotted}.")
+        return keys
+
+    return walk(OmegaConf.structured(PipelineConfig), "")
+
+
+def _did_you_mean(key: str) -> str:
+    """'; did you mean learner.lr?': the schema's keys nearest to an unknown `key` (difflib), those
+    of its own section first (learner.lrr: learner.lr), else the same name in another section
+    (learner.top_k: memory_service.top_k); '' when none is near."""
+    parent, _, name = key.rpartition(".")
+    keys = schema_keys()
+    siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent]
+    near = [f"{parent}.{k}" if parent else k for k in difflib.get_close_matches(name, siblings, n=3, cutoff=0.6)]
+    if not near:
+        by_name = {}
+        for k in keys:
+            by_name.setdefault(k.rpartition(".")[2], []).append(k)
+        near = [k for n in difflib.get_close_matches(name, list(by_name), n=3, cutoff=0.8) for k in by_name[n]][:3]
+    return f"; did you mean {' or '.join(near)}?" if near else ""
 
 
 # ------------------------------------------------------------------------------ validation

@@ -13,7 +13,7 @@ import threading
 import time
 
 from common.metrics import EnvActorMetrics, LearnerMetrics, ReplayBufferMetrics
-from deploy.run_state import STATE_FILE, SUMMARY_FILE, mark_finished, write_json
+from deploy.run_state import STATE_FILE, SUMMARY_FILE, mark_finished, not_a_run, write_json
 from deploy.status import main, status
 
 BASE = 31500  # ports of this test
@@ -149,3 +149,26 @@ def test_a_run_whose_launcher_is_gone_with_a_summary_counts_as_finished_a_runnin
     assert main([str(tmp_path), "--json", "--interval", "0.1"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert "finished" not in report and report["roles"]["learner"]["up"] is False
+
+
+def test_status_refuses_a_run_dir_that_is_not_a_run(tmp_path, capsys):
+    """A RUN_DIR that does not exist, is a file, or holds none of a run's files is refused in one
+    line with exit status 2, not shown as every role DOWN on the default ports (issue 42)."""
+    (tmp_path / "file").write_text("")
+    (tmp_path / "empty").mkdir()
+    for run_dir, said in (("missing", "does not exist"), ("file", "is not a directory"), ("empty", "is not a run")):
+        assert main([str(tmp_path / run_dir), "--interval", "0"]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.splitlines()) == 1 and err.startswith("empo2-status: "), err
+        assert f"{tmp_path / run_dir} {said}" in err, err
+    assert "launch/state.json, summary.json, heartbeats/" in err
+
+    # what a run writes first makes it one: the launcher's state, a summary, the roles' heartbeats
+    for marker in (STATE_FILE, SUMMARY_FILE, "heartbeats"):
+        run = tmp_path / f"run_{str(marker).replace('/', '_')}"
+        (run / marker).parent.mkdir(parents=True)
+        (run / marker).mkdir() if marker == "heartbeats" else (run / marker).write_text("{}")
+        assert not_a_run(run) is None, marker
+    # roles under systemd (no launcher state): their heartbeats make it a run, shown from the configured ports
+    assert main([str(tmp_path / "run_heartbeats"), "--json", "--interval", "0"]) == 0
+    assert "configured ports" in json.loads(capsys.readouterr().out)["source"]

@@ -121,3 +121,14 @@ def test_empo2_config_refuses_a_bad_value_with_exit_2(tmp_path):
     rc, out, err = _finish(_start([str(BIN / "empo2-config"), "profile=nope"], tmp_path))
     assert rc == 2 and out == ""
     assert err.strip() == "empo2-config: bad configuration: profile: no 'nope' in conf/profile/; one of cpu, e2e, paper"
+
+
+@pytest.mark.parametrize("override", ["++learner.lrr=5", "+learner.lrr=5"])
+def test_empo2_config_refuses_an_added_key_the_schema_lacks(tmp_path, override):
+    """Hydra adds a `+`/`++` key to the tree and the conversion to the dataclasses dropped it: the
+    run went on without the setting the user asked for (issue 42)."""
+    rc, out, err = _finish(_start([str(BIN / "empo2-config"), override], tmp_path))
+    assert rc == 2 and out == ""
+    assert err.strip() == (
+        "empo2-config: bad configuration: learner.lrr: not a key of the configuration; did you mean learner.lr?"
+    )

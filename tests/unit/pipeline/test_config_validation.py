@@ -143,6 +143,10 @@ RULES = [
     # types and names (OmegaConf, Hydra)
     (["learner.total_steps=abc"], "learner.total_steps"),
     (["learner.foo=1"], "learner.foo"),
+    (["+learner.lrr=5"], "learner.lrr"),  # added keys the schema lacks: refused, not dropped (issue 42)
+    (["++learner.lrr=5"], "learner.lrr"),
+    (["+lrr=5"], "lrr"),
+    (["++nosuch.x=1"], "nosuch"),
     (["profile=nope"], "profile"),
     (["preset=nope"], "preset"),
 ]
@@ -154,6 +158,31 @@ def test_a_broken_rule_is_refused_naming_its_key(overrides, key):
         load_config(overrides)
     assert err.value.key == key, str(err.value)
     assert str(err.value).startswith(f"{key}: ") and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override, key, near",
+    [
+        ("learner.lrr=5", "learner.lrr", "learner.lr"),
+        ("+learner.lrr=5", "learner.lrr", "learner.lr"),
+        ("++learner.lrr=5", "learner.lrr", "learner.lr"),
+        ("+learner.clip_hgh=0.2", "learner.clip_hgh", "learner.clip_high or learner.clip_low"),
+        ("+memory_service.topk=3", "memory_service.topk", "memory_service.top_k"),
+        ("learner.top_k=3", "learner.top_k", "memory_service.top_k"),  # the name, in another section
+        ("lerner.lr=5", "lerner", "learner"),
+    ],
+)
+def test_an_unknown_key_names_the_nearest_valid_ones(override, key, near):
+    with pytest.raises(ConfigError) as err:
+        load_config([override])
+    assert err.value.key == key and str(err.value).endswith(f"; did you mean {near}?"), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_an_added_key_a_map_field_takes_is_still_accepted():
+    """`+` adds to a map (env.max_steps_per_task) as before; only a section's unknown keys are refused."""
+    cfg = load_config(["~profile", "+env.max_steps_per_task.find-plant=7", "++env.max_steps_per_task.boil=50"])
+    assert (cfg.env.step_limit("find-plant"), cfg.env.step_limit("boil")) == (7, 50)
 
 
 @pytest.mark.parametrize(
