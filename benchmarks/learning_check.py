@@ -50,7 +50,16 @@ from common.scienceworld import task_names
 from deploy.lockstep import step_records
 from evaluation.config import EvalConfig
 from evaluation.eval import EPISODES_FILE, EpisodeLog, summarize, write_results
-from evaluation.stats import estimate, paired
+from evaluation.stats import (
+    clustered_detectable,
+    clustered_estimate,
+    estimate,
+    holm,
+    paired,
+    paired_differences,
+    seed_level_independent,
+    seed_level_vs_fixed,
+)
 from learner.config import LearnerConfig
 from protocol.messages import TIP_MODES
 from replay_buffer.buffer import BufferLog
@@ -278,27 +287,101 @@ def method_scores(evaluations: list[dict]) -> dict:
     return {u: statistics.fmean(e[u] for e in evaluations if u in e) for u in units}
 
 
+def final_records(run_dir: Path, args) -> tuple[dict, dict] | None:
+    """As final_evaluation, with each unit's whole episode record (score, done, success) instead of its
+    score alone: (results.json, {(task, variation, seed): record}), or None."""
+    for result_dir in sorted((run_dir / "eval").glob("*")):
+        report = json.loads((result_dir / "results.json").read_text())
+        if (report["variations_per_task"], report["episodes_per_variation"]) == (args.variations, args.episodes):
+            episodes = EpisodeLog(result_dir / EPISODES_FILE).read().values()
+            return report, {(e["task"], e["variation"], e["seed"]): e for e in episodes}
+    return None
+
+
+# beside the mean score, the rates a primary measure may be: the evaluation's success (done and score > 70)
+# and an episode scoring at least RATE_SCORE
+RATE_SCORE = 50.0
+RATES = {
+    "success_rate": lambda e: bool(e["success"]),
+    "rate_50": lambda e: e["score"] >= RATE_SCORE,
+}
+# the p-value families Holm's adjustment is applied to, each across every comparison reported that has one
+HOLM_FAMILIES = {
+    "seed_t": "seed level: the t-test p-values (Welch between methods, one-sample against a fixed policy)",
+    "seed_permutation": "seed level: the exact permutation (between methods) and sign-flip (against a fixed "
+    "policy) p-values",
+    "unit_permutation": "unit level: the sign-flip p-values over (variation, evaluation seed) units",
+}
+
+
+def policy_summary(evaluations: list[dict], fixed: bool) -> dict:
+    """A policy's mean score with its unit-level and variation-clustered 95% CIs, its success rate and rate of
+    episodes scoring >= RATE_SCORE (each unit: the fraction of its seeds' episodes; clustered CIs), and its
+    training seeds' mean scores (none for a fixed policy). `evaluations`: one {unit: record} per seed."""
+    scores = method_scores([{u: e["score"] for u, e in ev.items()} for ev in evaluations])
+    out = asdict(estimate(list(scores.values())))
+    clustered = clustered_estimate(scores)
+    out["clustered_ci"] = [clustered.ci_low, clustered.ci_high]
+    for key, hit in RATES.items():
+        out[key] = asdict(
+            clustered_estimate(method_scores([{u: float(hit(e)) for u, e in ev.items()} for ev in evaluations]))
+        )
+    out["seeds"] = 0 if fixed else len(evaluations)
+    out["seed_means"] = [] if fixed else [statistics.fmean(e["score"] for e in ev.values()) for ev in evaluations]
+    return out
+
+
+def seed_level(a: str, b: str, seed_scores: dict[str, list[dict]], fixed: set[str]) -> dict | None:
+    """The seed-level comparison of a - b (evaluation/stats.py): two methods' seeds as independent samples,
+    a method's seeds against a fixed policy (the base model, an SPA warm start) as paired differences; None
+    for two fixed policies (no seeds: nothing to say of a method)."""
+    if a in fixed:  # two fixed policies, or a fixed policy first (no pair is reported so)
+        return None
+    if b in fixed:
+        return asdict(seed_level_vs_fixed(a, seed_scores[a], b, seed_scores[b][0]))
+    return asdict(seed_level_independent(a, seed_scores[a], b, seed_scores[b]))
+
+
+def holm_adjusted(compared: list[dict]) -> None:
+    """Each pair's Holm-adjusted p-values (pair["holm"]), one family per HOLM_FAMILIES key, each family across
+    every comparison reported that has such a p-value."""
+    families = {
+        "seed_t": {i: p["seed_level"]["p_t"] for i, p in enumerate(compared) if p["seed_level"]},
+        "seed_permutation": {i: p["seed_level"]["p_permutation"] for i, p in enumerate(compared) if p["seed_level"]},
+        "unit_permutation": {i: p["p_value"] for i, p in enumerate(compared)},
+    }
+    for p in compared:
+        p["holm"] = dict.fromkeys(HOLM_FAMILIES)
+    for family, ps in families.items():
+        defined = {str(i): v for i, v in ps.items() if v is not None}
+        for i, adjusted in holm(defined).items():
+            compared[int(i)]["holm"][family] = adjusted
+
+
 def collect_compare(root: Path, args) -> int:
     """The paired comparison of everything evaluated under `root`: per policy the mean score with a
-    bootstrap 95% CI over (variation, seed) units, Pass@k; per pair the paired difference, its CI and
-    the sign-flip permutation p-value, and the smallest difference the design detects; each training
-    run's steps; the curves (empo2-plot). Into benchmarks/results/learning_check_compare.{json,md}."""
-    policies: dict[str, list[dict]] = {BASE: []}  # method -> each evaluation's unit scores
+    bootstrap 95% CI over (variation, seed) units and one over variations (clustered), its success rate and
+    rate of scores >= 50, Pass@k; per pair the paired difference, its unit-level and variation-clustered CIs,
+    the unit-level sign-flip p-value, the seed-level tests (the training seed as the unit: t and exact
+    permutation), Holm's adjustment of each p family across every comparison, and the smallest difference
+    each design detects; each training run's steps; the curves (empo2-plot). Into
+    benchmarks/results/learning_check_compare.{json,md}."""
+    policies: dict[str, list[dict]] = {BASE: []}  # method -> each evaluation's (training seed's) unit records
     evaluations = []
-    base = final_evaluation(root / BASE, args)
+    base = final_records(root / BASE, args)
     if base is None:
         raise SystemExit(f"no base evaluation under {root / BASE}: run compare without --collect first")
     policies[BASE].append(base[1])
     evaluations.append({"method": BASE, "seed": None, "report": base[0]})
     training = {}
     for name, dirs in run_dirs(root, args.seeds, args.presets).items():
-        warm_start = final_evaluation(root / name / SPA_STAGE, args) if name in args.spa else None
+        warm_start = final_records(root / name / SPA_STAGE, args) if name in args.spa else None
         if warm_start is not None:
             policies[sft_policy(name)] = [warm_start[1]]
             evaluations.append({"method": sft_policy(name), "seed": None, "report": warm_start[0]})
         policies[name] = []
         for seed, run_dir in zip(args.seeds, dirs):
-            found = final_evaluation(run_dir, args)
+            found = final_records(run_dir, args)
             if found is None:
                 print(f"[learning_check] {run_dir}: no final evaluation yet, left out", flush=True)
                 continue
@@ -307,13 +390,22 @@ def collect_compare(root: Path, args) -> int:
             training[f"{name}/seed{seed}"] = training_summary(run_dir)
             if name in args.spa:
                 training[f"{name}/seed{seed}"]["spa"] = spa_summary(root / name / SPA_STAGE)
-    scores = {method: method_scores(evals) for method, evals in policies.items() if evals}
-    per_policy = {method: asdict(estimate(list(s.values()))) for method, s in scores.items()}
-    compared = [
-        asdict(paired(a, scores[a], b, scores[b]))
-        for a, b in pairs(args.presets, args.spa)
-        if a in scores and b in scores
-    ]
+    seed_scores = {
+        method: [{u: e["score"] for u, e in ev.items()} for ev in evals] for method, evals in policies.items() if evals
+    }
+    scores = {method: method_scores(evals) for method, evals in seed_scores.items()}
+    fixed = {BASE, *map(sft_policy, args.spa)}  # one policy each, no training seeds
+    per_policy = {method: policy_summary(policies[method], method in fixed) for method in scores}
+    compared = []
+    for a, b in pairs(args.presets, args.spa):
+        if a in scores and b in scores:
+            pair = asdict(paired(a, scores[a], b, scores[b]))
+            differences = paired_differences(scores[a], scores[b])
+            pair["clustered_difference"] = asdict(clustered_estimate(differences))
+            pair["clustered_detectable"] = clustered_detectable(differences)
+            pair["seed_level"] = seed_level(a, b, seed_scores, fixed)
+            compared.append(pair)
+    holm_adjusted(compared)
     plotted = [
         d for dirs in run_dirs(root, args.seeds, args.presets).values() for d in dirs if (d / "metrics.jsonl").exists()
     ]
@@ -334,6 +426,7 @@ def collect_compare(root: Path, args) -> int:
         },
         "policies": per_policy,
         "pairs": compared,
+        "holm_families": HOLM_FAMILIES,
         "evaluations": [{**e, "report": {"tasks": e["report"]["tasks"]}} for e in evaluations],
         "training": training,
         # every policy's score per unit (task/variation/seed), so a later report can be checked against this one
@@ -448,22 +541,47 @@ def compare_table(result: dict) -> str:
         f"Tasks {', '.join(d['tasks'])}: {d['variations']} test variations x {d['eval_seeds']} evaluation seeds "
         f"(the units, paired across policies); {len(d['training_seeds'])} training seed(s) per method, "
         f"{_budget(d)} each at lr {d['lr']:g}. A method's score on a unit is the mean over its "
-        "training seeds' checkpoints. 95% CIs: percentile bootstrap over units; p: two-sided sign-flip "
-        "permutation test of the paired differences.",
+        "training seeds' checkpoints. 95% CIs: percentile bootstrap over units; clustered: over whole "
+        "variations (a variation's evaluation seeds drawn together); p: two-sided sign-flip "
+        "permutation test of the paired differences; Holm: adjusted across every comparison reported.",
         "",
-        "| policy | mean score [95% CI] | units |",
-        "|---|---|---|",
+        "| policy | mean score [95% CI] | units | clustered 95% CI | success (done, > 70) [clustered CI] | "
+        f"score ≥ {RATE_SCORE:g} [clustered CI] | training seeds: mean score |",
+        "|---|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {m} | {e['mean']:.1f} [{e['ci_low']:.1f}, {e['ci_high']:.1f}] | {e['n']} |"
+        f"| {m} | {e['mean']:.1f} [{e['ci_low']:.1f}, {e['ci_high']:.1f}] | {e['n']} | "
+        + " | ".join(_policy_cells(e))
+        + " |"
         for m, e in result["policies"].items()
     ]
-    lines += ["", "| difference | mean [95% CI] | p | detectable (80% power) |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "Unit level (these checkpoints on these units; units treated as independent in the p and the first CI):",
+        "",
+        "| difference | mean [95% CI] | p | Holm p | variation-clustered 95% CI | detectable (80% power) | "
+        "detectable, clustered |",
+        "|---|---|---|---|---|---|---|",
+    ]
     lines += [
         f"| {p['a']} − {p['b']} | {p['difference']['mean']:.1f} [{p['difference']['ci_low']:.1f}, "
-        f"{p['difference']['ci_high']:.1f}] | {p['p_value']:.3g} | {p['detectable']:.1f} |"
+        f"{p['difference']['ci_high']:.1f}] | {p['p_value']:.3g} | " + " | ".join(_unit_cells(p)) + " |"
         for p in result["pairs"]
     ]
+    seeded = [p for p in result["pairs"] if p.get("seed_level")]
+    if seeded:
+        lines += [
+            "",
+            "Seed level (the unit of a method claim is the training seed: each seed's mean over the units; "
+            "between methods, Welch's t and the exact permutation test of the seed means; against a fixed "
+            "policy, the per-seed differences, the one-sample t and the exact sign-flip test):",
+            "",
+            "| difference | seeds | per-seed values | mean | t (df) | p (t) | Holm p (t) | p (exact) [floor] | "
+            "Holm p (exact) | above in every seed | detectable (80% power, t) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        lines += [f"| {p['a']} − {p['b']} | " + " | ".join(_seed_cells(p)) + " |" for p in seeded]
+    lines += _claims(result)
     lines += [
         "",
         "| evaluation | task | score | success | Pass@1 / Pass@k | Pass@1 / Pass@k (score) | best-of-k |",
@@ -552,6 +670,112 @@ def compare_table(result: dict) -> str:
         lines += ["", "The best-scored distinct tips each memory held at the end (what the policy read):", ""]
         lines += [f"- {run} (score {tip['score']:g}): {_shortened(tip['tip'])}" for run, tip in tips]
     return "\n".join(lines) + "\n"
+
+
+def _policy_cells(e: dict) -> list[str]:
+    cells = [f"[{e['clustered_ci'][0]:.1f}, {e['clustered_ci'][1]:.1f}]"]
+    cells += [f"{r['mean']:.0%} [{r['ci_low']:.0%}, {r['ci_high']:.0%}]" for r in (e["success_rate"], e["rate_50"])]
+    cells.append(", ".join(f"{m:.1f}" for m in e["seed_means"]) if e["seed_means"] else "- (one fixed policy)")
+    return cells
+
+
+def _unit_cells(p: dict) -> list[str]:
+    c = p["clustered_difference"]
+    return [
+        _cell(p["holm"]["unit_permutation"]),
+        f"[{c['ci_low']:.1f}, {c['ci_high']:.1f}]",
+        f"{p['detectable']:.1f}",
+        f"{p['clustered_detectable']:.1f}",
+    ]
+
+
+def _seed_cells(p: dict) -> list[str]:
+    s = p["seed_level"]
+    seeds = (
+        f"{len(s['seed_values_a'])} vs {len(s['seed_values_b'])}"
+        if s["design"] == "independent"
+        else f"{len(s['seed_values_a'])} vs the fixed policy"
+    )
+    values = (
+        " vs ".join(", ".join(f"{v:.1f}" for v in vs) for vs in (s["seed_values_a"], s["seed_values_b"]))
+        if s["design"] == "independent"
+        else ", ".join(f"{v:+.1f}" for v in s["seed_values_a"])
+    )
+    return [
+        seeds,
+        values,
+        f"{s['difference']:.1f}",
+        "-" if s["t"] is None else f"{s['t']:.2f} ({s['df']:.1f})",
+        _cell(s["p_t"]),
+        _cell(p["holm"]["seed_t"]),
+        f"{s['p_permutation']:.3g} [{s['p_floor']:.3g}]",
+        _cell(p["holm"]["seed_permutation"]),
+        "yes" if s["above_in_every_seed"] else "no",
+        f"{s['detectable']:.1f}",
+    ]
+
+
+def _claims(result: dict) -> list[str]:
+    """What the design can and cannot claim, in words, from the report's own numbers."""
+    pairs_ = result["pairs"]
+    if not pairs_:
+        return []
+    d = result["design"]
+    out = ["", "What this design can and cannot claim:", ""]
+    floors: dict[str, float] = {}
+    for p in pairs_:
+        s = p.get("seed_level")
+        if not s:
+            continue
+        n_a, n_b = len(s["seed_values_a"]), len(s["seed_values_b"])
+        if s["design"] == "independent":
+            key = f"with {n_a} vs {n_b} training seeds, the exact permutation test of two methods"
+        else:
+            key = f"with {n_a} training seeds against a fixed policy, the exact sign-flip test (2 / 2^{n_a})"
+        floors[key] = s["p_floor"]
+    for key, floor in floors.items():
+        verdict = (
+            "so it cannot reach 0.05 however large the difference: a method claim at 5% must rest on the t-test, "
+            "which assumes normal seed means and estimates their spread from these few seeds"
+            if floor > 0.05
+            else "so it can reach 0.05"
+        )
+        out.append(f"- Seed level: {key} cannot go below p = {floor:.3g}, {verdict}.")
+    seeded = [p for p in pairs_ if p.get("seed_level")]
+    if seeded:
+        detectable = sorted(p["seed_level"]["detectable"] for p in seeded)
+        out.append(
+            f"- Seed level: the comparisons here detect with 80% power only differences of {detectable[0]:.1f} to "
+            f"{detectable[-1]:.1f} points (last column: t quantiles, from the observed spread between seeds, itself "
+            "estimated from these few seeds); a smaller true difference would most likely be missed, and a "
+            "non-significant result is no evidence of no difference."
+        )
+    unfixed = [f"{p['a']} − {p['b']}" for p in pairs_ if not p.get("seed_level")]
+    if unfixed:
+        out.append(
+            f"- {', '.join(unfixed)}: fixed policies (no training seeds) on both sides or first: no seed-level "
+            "test; the unit-level results speak of these two policies only."
+        )
+    units = d["variations"] * d["eval_seeds"] * len(d["tasks"])
+    out.append(
+        f"- Unit level: the p-values and first CIs treat the {units} (variation, evaluation seed) units as "
+        "independent and each method's training seeds as fixed: they say whether these checkpoints differ "
+        "on these units, not whether the method does. Scores cluster by variation; the clustered CIs resample "
+        f"the {d['variations'] * len(d['tasks'])} variations (the independent draws of the test set), and a "
+        "clustered CI that includes 0 leaves the difference within the luck of the variations drawn."
+    )
+    counts = {
+        family: sum(p.get("holm", {}).get(family) is not None for p in pairs_)
+        for family in result.get("holm_families", {})
+    }
+    if counts:
+        out.append(
+            f"- Multiplicity: {len(pairs_)} comparisons are reported; Holm's step-down adjustment is applied to each "
+            "p family separately across every comparison that has one: "
+            + "; ".join(f"{text} ({counts[f]})" for f, text in result["holm_families"].items())
+            + ". A claim stands at 5% only where its Holm-adjusted p is below 0.05."
+        )
+    return out
 
 
 def _budget(design: dict) -> str:

@@ -4,6 +4,7 @@ episodes file, and the paired comparison collected from hand-made evaluations of
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from contextlib import closing
 from dataclasses import asdict
@@ -72,6 +73,46 @@ def test_compare_pairs_the_policies_on_their_common_units(tmp_path, monkeypatch)
     assert "| empo2 − base | 20.0 [20.0, 20.0] | 0.125 |" in table
     assert "| empo2/seed0 | - | - |" in table  # the diagnostics row of a run without metrics
     assert result["units"]["empo2"] == {"boil/0/0": 20.0, "boil/0/1": 20.0, "boil/1/0": 20.0, "boil/1/1": 20.0}
+    # the variation-clustered CI of a constant difference collapses; the unit-level p-values' Holm family:
+    # 0.125 (empo2 - base), 0.25 (grpo - base: 0, 5, 10, 15), 0.125 (empo2 - grpo) -> 3 x 0.125, then monotone
+    assert pairs[("empo2", "base")]["clustered_difference"]["ci_low"] == pytest.approx(20.0)
+    assert [p["holm"]["unit_permutation"] for p in result["pairs"]] == pytest.approx([0.375] * 3)
+    assert result["policies"]["empo2"]["seed_means"] == [10.0, 30.0] and result["policies"]["base"]["seeds"] == 0
+    # seed level against the base model: the per-seed differences 10 and 30, t = 20 / (sd / sqrt 2) = 2 with 1 df
+    seed = pairs[("empo2", "base")]["seed_level"]
+    assert seed["design"] == "paired" and seed["seed_values_a"] == [10.0, 30.0] and seed["above_in_every_seed"]
+    assert seed["t"] == pytest.approx(2.0) and seed["p_t"] == pytest.approx(1 - 2 * math.atan(2.0) / math.pi)
+    assert seed["p_permutation"] == seed["p_floor"] == 0.5  # 2 seeds: 2 / 2^2
+    assert pairs[("empo2", "base")]["holm"]["seed_t"] == pytest.approx(seed["p_t"])  # the only t p defined
+    # between methods: 2 vs 1 seeds, Welch undefined; the permutation test splits 10, 30, 7.5 three ways,
+    # |20 - 7.5| = 12.5 reached by 2 of them
+    between = pairs[("empo2", "grpo")]["seed_level"]
+    assert between["design"] == "independent" and between["p_t"] is None
+    assert between["p_permutation"] == pytest.approx(2 / 3) and between["p_floor"] == pytest.approx(1 / 3)
+    assert pairs[("empo2", "grpo")]["holm"]["seed_t"] is None
+    assert "| empo2 − base | 2 vs the fixed policy | +10.0, +30.0 | 20.0 | 2.00 (1.0) |" in table
+    assert (
+        "with 2 training seeds against a fixed policy, the exact sign-flip test (2 / 2^2) cannot go below p = 0.5"
+        in table
+    )
+    assert (
+        "Holm's step-down adjustment" in table and "| base | 0.0 [0.0, 0.0] | 4 | [0.0, 0.0] | 0% [0%, 0%] |" in table
+    )
+
+
+def test_a_policy_reports_its_success_rate_and_its_rate_of_scores_of_50_beside_its_mean(tmp_path):
+    def record(score, done=True):
+        return {"score": score, "done": done, "success": done and score > 70}
+
+    seeds = [
+        {("t", 0, 0): record(80.0), ("t", 1, 0): record(40.0)},
+        {("t", 0, 0): record(60.0), ("t", 1, 0): record(100.0)},
+    ]
+    summary = lc.policy_summary(seeds, fixed=False)
+    assert summary["mean"] == pytest.approx(70.0) and summary["seed_means"] == [60.0, 80.0]
+    assert summary["success_rate"]["mean"] == pytest.approx(0.5)  # one success of two seeds on each unit
+    assert summary["rate_50"]["mean"] == pytest.approx(0.75)  # 80, 60 on the first unit; 100 of 40, 100 on the second
+    assert lc.policy_summary([{("t", 0, 0): record(90.0, done=False)}], fixed=True)["success_rate"]["mean"] == 0.0
 
 
 def test_each_method_is_compared_with_the_base_model_then_with_grpo():
