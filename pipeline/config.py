@@ -276,6 +276,14 @@ def _cross_section_rules(cfg: PipelineConfig) -> None:
             "the servers would refuse the weight file",
         )
 
+    # leases: a live actor renews its slot several times within the buffer's TTL
+    check(
+        3 * cfg.env_actor.lease_renew_s <= rb.lease_ttl_s,
+        "env_actor.lease_renew_s",
+        f"{cfg.env_actor.lease_renew_s} must be at most a third of replay_buffer.lease_ttl_s ({rb.lease_ttl_s}): "
+        "a live actor's slot would lapse after one or two slow renewals",
+    )
+
     # hang detection: a role waiting on a hung peer retries after these timeouts and beats per
     # attempt (common/heartbeat.py); a limit under one would restart the waiting role, not the peer
     hang = cfg.launch.hang_timeout_s

@@ -42,7 +42,10 @@ class EnvActorConfig:
     generate_timeout_s: float = 300.0  # one action generation; generous for CPU start-up
     memory_timeout_s: float = 5.0  # retrieval; after it, the turn goes without tips (counted)
     memory_retry_after_s: float = 30.0  # after a failed retrieval, go without tips at once for this long
-    buffer_timeout_s: float = 30.0  # assignment request / trajectory upload, per try
+    buffer_timeout_s: float = 30.0  # assignment request / trajectory upload / lease renewal, per try
+    # how often the actor's keep-alive thread renews the slots its envs play (actors/env_actor/lease.py);
+    # at most a third of replay_buffer.lease_ttl_s (checked at load)
+    lease_renew_s: float = 20.0
     # after a generation timed out on a policy server (down or hung), requests go to the others for this long
     policy_retry_after_s: float = 60.0
     upload_retries: int = 20  # a finished episode is retried this often before the actor fails
@@ -85,7 +88,7 @@ class EnvActorConfig:
         at_least("max_action_tokens", self.max_action_tokens, 1)
         at_least("temperature", self.temperature, 0)
         at_least("upload_retries", self.upload_retries, 1)
-        for name in ("generate_timeout_s", "memory_timeout_s", "buffer_timeout_s"):
+        for name in ("generate_timeout_s", "memory_timeout_s", "buffer_timeout_s", "lease_renew_s"):
             positive(name, getattr(self, name))
         at_least("memory_retry_after_s", self.memory_retry_after_s, 0)
         at_least("policy_retry_after_s", self.policy_retry_after_s, 0)

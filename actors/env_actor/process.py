@@ -25,6 +25,7 @@ import zmq
 
 from actors.env_actor.config import EnvActorConfig
 from actors.env_actor.episode import Episode
+from actors.env_actor.lease import new_incarnation
 from actors.env_actor.turn_format import ACTION, TurnFormat
 from actors.env_actor.worker import EnvWorker, ServerChooser
 from common.config import EnvConfig, RunFacts, SgeConfig
@@ -60,8 +61,19 @@ class EnvActor:
         chooser = ServerChooser(
             len(run.endpoints.policy_servers), env_actor.server_selection, env_actor.policy_retry_after_s
         )
+        self.incarnation = new_incarnation()  # this process's: a restarted actor releases its predecessor's leases
         self.workers = [
-            EnvWorker(env_actor, env, run, self.metrics, slot, chooser, sge=sge, turn_format=turn_format)
+            EnvWorker(
+                env_actor,
+                env,
+                run,
+                self.metrics,
+                slot,
+                chooser,
+                sge=sge,
+                turn_format=turn_format,
+                incarnation=self.incarnation,
+            )
             for slot in range(env_actor.envs_per_actor)
         ]
         self._threads: dict[int, threading.Thread] = {}  # slot -> the thread of run() playing on it
@@ -137,11 +149,13 @@ class EnvActor:
         if len(self.workers) == 1:
             return self.workers[0].run()
         failures: list[BaseException] = []
+        # one keep-alive thread renews every env's slot; its first round announces the incarnation
+        keeper = self.workers[0].lease_keeper(self.workers).start()
         self.open()
 
         def play(worker: EnvWorker) -> None:
             try:
-                worker.run()
+                worker.run(keep_leases=False)
             except BaseException as exc:  # noqa: BLE001  (reported below: the process must end)
                 failures.append(exc)
                 log.exception("%s stopped", worker.actor_id)
@@ -154,6 +168,7 @@ class EnvActor:
             t.start()
         while all(t.is_alive() for t in self._threads.values()):
             time.sleep(THREAD_CHECK_S)
+        keeper.stop(0)  # the process ends: its leases lapse unless returned (close)
         raise RuntimeError(f"an env thread stopped: {failures[0] if failures else 'unknown'}")
 
 

@@ -15,6 +15,7 @@ import zmq
 
 from actors.env_actor.config import EnvActorConfig
 from actors.env_actor.episode import Episode, EpisodeRunner, open_episode_runner
+from actors.env_actor.lease import LeaseKeeper, LeaseLost, new_incarnation
 from actors.env_actor.strategy import STRATEGY_CLOSE, format_reflection_block
 from actors.env_actor.turn_format import ACTION, TurnFormat
 from common.config import EnvConfig, RunFacts, SgeConfig
@@ -133,8 +134,11 @@ class EnvWorker:
         runner: EpisodeRunner | None = None,
         sge: SgeConfig | None = None,
         turn_format: TurnFormat = ACTION,
+        incarnation: str | None = None,
     ):
         self.acfg, self.env_cfg, self.run_facts = env_actor, env, run
+        # this process's incarnation (actors/env_actor/lease.py): shared by its envs, new at each start
+        self.incarnation = incarnation or new_incarnation()
         self.sge = sge if sge is not None and sge.enabled else None
         self.turn_format = turn_format  # the runner's, when open() builds it
         self.actor_id = f"actor{self.acfg.index}" + (f".{slot}" if slot else "")
@@ -150,6 +154,7 @@ class EnvWorker:
         self._request_ids = itertools.count()
         self._memory_down_until = 0.0  # monotonic time until which retrieval is skipped
         self.playing: Assignment | None = None  # run()'s slot until its trajectory is acknowledged
+        self.lease_lost: Assignment | None = None  # set by the lease keeper: `playing` is no longer ours
 
     # ------------------------------------------------------------------------------ client API
     def open(self) -> EpisodeRunner:
@@ -246,7 +251,11 @@ class EnvWorker:
         strategy, with its cap and stop strings): the chooser picks the server; after a timeout or a
         not_ready answer (a server starting, or waiting for the run's newest weights) that server is
         passed over for env_actor.policy_retry_after_s and the retry goes to another one.
-        `temperature` defaults to env_actor.temperature."""
+        `temperature` defaults to env_actor.temperature. LeaseLost if the lease keeper found that
+        the slot being played (run()'s) is no longer this actor's: the episode is dropped."""
+        lost = self.lease_lost
+        if lost is not None and lost is self.playing:
+            raise LeaseLost(f"slot {short_id(lost.group_id)}/{lost.slot} was handed out again or filled")
         request = self.acfg.action_request(
             f"{self.actor_id}-{next(self._request_ids)}", prompt_ids, seed, temperature, max_tokens, stop, min_tokens
         )
@@ -279,13 +288,13 @@ class EnvWorker:
             self.metrics.policy_version.set(response.policy_version)
             return response
 
-    def retrieve(self, task: str, variation: int, state: str) -> tuple[list[str], int] | None:
+    def retrieve(self, task: str, variation: int, state: str, inventory: str = "") -> tuple[list[str], int] | None:
         """(tips, n), or None when the memory service is unreachable. After a failure the actor
         does not wait on it again for memory_retry_after_s: those turns go without tips at once."""
         if time.monotonic() < self._memory_down_until:
             return None
         try:
-            result = self.memory.call(MemoryQuery(task=task, variation=variation, state=state))
+            result = self.memory.call(MemoryQuery(task=task, variation=variation, state=state, inventory=inventory))
         except (RequestTimeout, RemoteError) as exc:
             log.warning("memory unavailable (%s); going without tips for %.0fs", exc, self.acfg.memory_retry_after_s)
             self._memory_down_until = time.monotonic() + self.acfg.memory_retry_after_s
@@ -329,6 +338,8 @@ class EnvWorker:
             score=trajectory.score,
             observations=trajectory.observations,
             actions=trajectory.actions,
+            # each observed state's inventory: before turn i, turn i-1's after its action
+            inventories=[trajectory.start_inventory, *trajectory.inventories[:-1]],
             strategy=next((s for s in trajectory.strategies if s), ""),
             strategy_temperature=trajectory.strategy_temperature,
             reflect=self.run_facts.memory_in_use,  # tips only where some rollouts read them
@@ -346,8 +357,11 @@ class EnvWorker:
             self._memory_down_until = time.monotonic() + self.acfg.memory_retry_after_s
 
     # --------------------------------------------------------------------------- training loop
-    def run(self) -> None:
-        """Play the replay buffer's assignments until the process is stopped."""
+    def run(self, keep_leases: bool = True) -> None:
+        """Play the replay buffer's assignments until the process is stopped. `keep_leases`: renew
+        the slot being played from a thread of this worker's own (a lone worker; EnvActor renews all
+        its workers' in one thread and passes False)."""
+        keeper = self.lease_keeper([self]).start() if keep_leases else None
         try:
             self.open()
             self.wait_ready()
@@ -358,7 +372,13 @@ class EnvWorker:
                 assignment = self.playing = self._next_assignment()
                 waited = time.perf_counter() - waited
                 t0 = time.time()
-                episode = self.play(assignment)
+                try:
+                    episode = self.play(assignment)
+                except LeaseLost as exc:  # the slot lapsed and went to another actor, or was filled
+                    self.metrics.errors.labels("lease_lost").inc()
+                    log.warning("%s: episode of %s dropped: %s", self.actor_id, short_id(assignment.group_id), exc)
+                    self.playing = self.lease_lost = None
+                    continue
                 trajectory = episode.trajectory
                 trajectory.phase_seconds.update(assignment_wait=waited, memory_report=report_s)
                 self._upload(trajectory)
@@ -383,7 +403,19 @@ class EnvWorker:
                     time.time() - t0,
                 )
         finally:
+            if keeper is not None:
+                keeper.stop(RETURN_TIMEOUT_S)
             self.close()
+
+    def lease_keeper(self, holders: Sequence[EnvWorker]) -> LeaseKeeper:
+        """The keep-alive thread for `holders`' slots (actors/env_actor/lease.py), not yet started."""
+        return LeaseKeeper(
+            holders,
+            self.run_facts.endpoints.replay_buffer,
+            self.acfg.lease_renew_s,
+            self.acfg.buffer_timeout_s,
+            on_error=lambda where: self.metrics.errors.labels(where).inc(),
+        )
 
     def return_unfinished(self, ctx: zmq.Context) -> None:
         """Give the slot being played back to the buffer (a graceful stop), on a socket of the
@@ -393,7 +425,9 @@ class EnvWorker:
         a, self.playing = self.playing, None
         client = Client(ctx, self.run_facts.endpoints.replay_buffer, RETURN_TIMEOUT_S)
         try:
-            client.call(AssignmentReturn(group_id=a.group_id, slot=a.slot, actor_id=self.actor_id))
+            client.call(
+                AssignmentReturn(group_id=a.group_id, slot=a.slot, actor_id=self.actor_id, incarnation=self.incarnation)
+            )
             log.info("%s returned its unfinished slot %s/%d", self.actor_id, short_id(a.group_id), a.slot)
         except (RequestTimeout, RemoteError) as exc:
             log.warning("%s could not return %s/%d: %s", self.actor_id, short_id(a.group_id), a.slot, exc)
@@ -402,7 +436,8 @@ class EnvWorker:
 
     def _next_assignment(self) -> Assignment:
         while True:
-            reply = self._call_with_retry(self.buffer, AssignmentRequest(actor_id=self.actor_id))
+            request = AssignmentRequest(actor_id=self.actor_id, incarnation=self.incarnation)
+            reply = self._call_with_retry(self.buffer, request)
             if isinstance(reply, Assignment):
                 self.metrics.messages_in.labels(reply.KIND).inc()
                 return reply

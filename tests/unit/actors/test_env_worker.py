@@ -308,7 +308,9 @@ def test_a_stopping_actor_returns_its_unfinished_slot(stub_server, servers):
     playing = _assignment(ON_POLICY)
     actor.workers[0].playing = playing
     actor.close()
-    assert buffer.received == [AssignmentReturn(group_id=playing.group_id, slot=0, actor_id="actor0")]
+    assert buffer.received == [
+        AssignmentReturn(group_id=playing.group_id, slot=0, actor_id="actor0", incarnation=actor.incarnation)
+    ]
     assert actor.workers[0].playing is None
     actor.close()  # nothing left to return: no second message
     assert len(buffer.received) == 1
@@ -341,13 +343,15 @@ def test_the_training_loop_reports_episodes_to_memory_only_when_tip_rollouts_can
     """With p = 0 (GRPO) no rollout ever reads the memory, so the episodes go to no reflection (which
     would take the policy server's time): one assignment played, uploaded, reported or not."""
     from protocol import RemoteError
-    from protocol.messages import ErrorReply, Trajectory
+    from protocol.messages import ErrorReply, LeaseRenewal, Trajectory
 
     given = []
 
     def buffer_answer(msg):
         if isinstance(msg, Ping):
             return Pong(role="replay_buffer", policy_version=0, ready=True)
+        if isinstance(msg, LeaseRenewal):  # the worker's keep-alive thread
+            return Ack(ref=f"{msg.group_id}/{msg.slot}")
         if isinstance(msg, Trajectory):
             return Ack(ref=msg.episode_id)
         if given:  # the second assignment request ends the loop

@@ -126,6 +126,9 @@ RULES = [
     (["memory_service.similarity_threshold=2"], "memory_service.similarity_threshold"),
     (["policy_server.gpu_memory_utilization=0"], "policy_server.gpu_memory_utilization"),
     (["launch.num_env_actors=0"], "launch.num_env_actors"),
+    (["env_actor.lease_renew_s=41"], "env_actor.lease_renew_s"),  # over a third of replay_buffer.lease_ttl_s (120)
+    (["replay_buffer.lease_ttl_s=0"], "replay_buffer.lease_ttl_s"),
+    (["env_actor.lease_renew_s=0"], "env_actor.lease_renew_s"),
     (["launch.hang_timeout_s=-1"], "launch.hang_timeout_s"),
     (["launch.hang_timeout_s=100"], "launch.hang_timeout_s"),  # under env_actor.generate_timeout_s (300)
     (["launch.hang_timeout_s=60", "env_actor.generate_timeout_s=45"], "launch.hang_timeout_s"),  # push 300
@@ -198,6 +201,7 @@ def test_an_added_key_a_map_field_takes_is_still_accepted():
         ["endpoints.memory_service=ipc:///tmp/empo2-memory"],
         ["launch.num_env_actors=700", "env_actor.index=699"],
         ["launch.hang_timeout_s=0", "learner.push_timeout_s=900"],  # hang detection off
+        ["replay_buffer.lease_ttl_s=30", "env_actor.lease_renew_s=10"],  # a short lease, renewed thrice in it
         ["launch.hang_timeout_s=60", "env_actor.generate_timeout_s=45", "learner.push_timeout_s=45"],
         ["profile=paper"],
         ["profile=e2e"],
