@@ -367,6 +367,7 @@ def collect_compare(root: Path, args) -> int:
     each design detects; each training run's steps; the curves (empo2-plot). Into
     benchmarks/results/learning_check_compare.{json,md}."""
     policies: dict[str, list[dict]] = {BASE: []}  # method -> each evaluation's (training seed's) unit records
+    seeds_of: dict[str, list[int]] = {}  # method -> the training seed of each of its evaluations, in order
     evaluations = []
     base = final_records(root / BASE, args)
     if base is None:
@@ -379,13 +380,14 @@ def collect_compare(root: Path, args) -> int:
         if warm_start is not None:
             policies[sft_policy(name)] = [warm_start[1]]
             evaluations.append({"method": sft_policy(name), "seed": None, "report": warm_start[0]})
-        policies[name] = []
+        policies[name], seeds_of[name] = [], []
         for seed, run_dir in zip(args.seeds, dirs):
             found = final_records(run_dir, args)
             if found is None:
                 print(f"[learning_check] {run_dir}: no final evaluation yet, left out", flush=True)
                 continue
             policies[name].append(found[1])
+            seeds_of[name].append(seed)
             evaluations.append({"method": name, "seed": seed, "report": found[0]})
             training[f"{name}/seed{seed}"] = training_summary(run_dir)
             if name in args.spa:
@@ -431,6 +433,15 @@ def collect_compare(root: Path, args) -> int:
         "training": training,
         # every policy's score per unit (task/variation/seed), so a later report can be checked against this one
         "units": {m: {"/".join(map(str, u)): v for u, v in sorted(s.items())} for m, s in scores.items()},
+        # each method's scores per training seed and unit, so the seed-level tests can be recomputed
+        "seed_units": {
+            m: {
+                f"seed{seed}": {"/".join(map(str, u)): v for u, v in sorted(evaluation.items())}
+                for seed, evaluation in zip(seeds_of[m], seed_scores[m])
+            }
+            for m in seeds_of
+            if m in seed_scores
+        },
     }
     write_result(RESULTS / f"{args.report}.json", result)
     (RESULTS / f"{args.report}.md").write_text(compare_table(result))

@@ -78,6 +78,9 @@ def test_compare_pairs_the_policies_on_their_common_units(tmp_path, monkeypatch)
     assert pairs[("empo2", "base")]["clustered_difference"]["ci_low"] == pytest.approx(20.0)
     assert [p["holm"]["unit_permutation"] for p in result["pairs"]] == pytest.approx([0.375] * 3)
     assert result["policies"]["empo2"]["seed_means"] == [10.0, 30.0] and result["policies"]["base"]["seeds"] == 0
+    assert result["seed_units"]["empo2"]["seed1"]["boil/1/0"] == 30.0 and list(result["seed_units"]["grpo"]) == [
+        "seed0"
+    ]
     # seed level against the base model: the per-seed differences 10 and 30, t = 20 / (sd / sqrt 2) = 2 with 1 df
     seed = pairs[("empo2", "base")]["seed_level"]
     assert seed["design"] == "paired" and seed["seed_values_a"] == [10.0, 30.0] and seed["above_in_every_seed"]
