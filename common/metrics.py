@@ -188,6 +188,12 @@ class ReplayBufferMetrics(RoleMetrics):
             ["holder"],
             registry=self.registry,
         )
+        self.lease_renewed_at = Gauge(
+            "empo2_replay_buffer_lease_renewed_at_seconds",
+            "Unix time of the oldest last renewal among the slots each actor holds (empo2-status: a stopped renewer)",
+            ["holder"],
+            registry=self.registry,
+        )
         self.groups_open = self._gauge("groups_open", "Groups handed out and not yet complete")
         self.groups_ready = self._gauge("groups_ready", "Complete groups waiting for the learner")
         self.groups_served = self._counter("groups_served", "Groups handed to the learner")

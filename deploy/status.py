@@ -10,7 +10,9 @@ Per role: up or down, restarts and last exit (from the launcher's <run_dir>/laun
 policy version, errors, and the last ERROR line of its log; for the run: episodes/s, env steps/s,
 generated and learner tokens/s (two scrapes `--interval` seconds apart), learner step and mean
 time per step, buffer depth (complete groups ready), staleness, memory entries and hits per
-retrieval. RUN_DIR defaults to the newest run under runs/. Without a launcher state (roles run by
+retrieval; what the buffer's open groups wait for, and a stall naming the starving stage (slots
+leased to an env actor that is down or has stopped renewing them, or free slots and no env actor
+up: "buffer waiting for 1 slot leased to env_actor1 (...)"). RUN_DIR defaults to the newest run under runs/. Without a launcher state (roles run by
 systemd) the roles and ports come from the configuration: the `key=value` overrides, as the
 units' EMPO2_ARGS. `--json` prints the same as one JSON object. A RUN_DIR that is not a run's
 directory (missing, or without launch/state.json, summary.json or heartbeats/) is refused: one line,
@@ -35,6 +37,64 @@ RATES = [
     ("generated tokens/s", "policy_server", "empo2_policy_server_generated_tokens_total"),
     ("learner tokens/s", "learner", "empo2_learner_tokens_total"),
 ]
+
+
+# A lease whose holder has not renewed it for this long has stopped renewing: its process is gone or
+# hung (env_actor.lease_renew_s is 20 s by default; replay_buffer.lease_ttl_s, 120 s, then frees the slot).
+STALE_RENEWAL_S = 60.0
+
+
+def _by_label(samples: dict[str, float], metric: str, label: str) -> dict[str, float]:
+    """metric{label="x"} -> {x: value}."""
+    prefix = f"{metric}{{{label}="
+    return {k[len(prefix) :].split('"')[1]: v for k, v in samples.items() if k.startswith(prefix)}
+
+
+def actor_process(actor_id: str) -> str:
+    """The run's process name of an env actor's id: actor1, or actor1.2 (its third env): env_actor1."""
+    base = actor_id.split(".", 1)[0]
+    return f"env_{base}" if base.startswith("actor") else actor_id
+
+
+def pipeline_waits(buffer: dict[str, float], up: dict[str, bool], now: float) -> dict:
+    """What the buffer's open groups wait for (its open_slots and lease_renewed_at gauges, by the actor
+    holding each slot's lease) and, when the pipeline starves, why: slots leased to an env actor that is
+    down or has not renewed them for STALE_RENEWAL_S, or free slots with no env actor up. `up`: each
+    process name's state. Without a buffer scrape, nothing."""
+    if not buffer:
+        return {"slots": {}, "stall": None}
+    slots, renewed = (
+        _by_label(buffer, "empo2_replay_buffer_open_slots", "holder"),
+        _by_label(buffer, "empo2_replay_buffer_lease_renewed_at_seconds", "holder"),
+    )
+    waits, stalls = {}, []
+    actors_up = any(state for name, state in up.items() if name.startswith("env_actor"))
+    for holder, n in sorted(slots.items()):
+        if not n:
+            continue
+        if holder == "none":
+            waits["free"] = {"slots": n}
+            if not actors_up:
+                stalls.append(f"{n:g} free slot{'s' * (n != 1)} and no env actor up")
+            continue
+        name = actor_process(holder)
+        age = now - renewed[holder] if holder in renewed else None
+        waits[holder] = {"slots": n, "process": name, "renewed_s_ago": None if age is None else round(age, 1)}
+        why = []
+        if up.get(name) is False:
+            why.append(f"{name} is down")
+        if age is not None and age > STALE_RENEWAL_S:
+            why.append(f"lease last renewed {age:.0f} s ago")
+        if why:
+            stalls.append(
+                f"{n:g} slot{'s' * (n != 1)} leased to {name} ({', '.join(why)}): handed out again when the lease "
+                f"lapses (replay_buffer.lease_ttl_s) or at once when {name} restarts"
+            )
+    stall = None
+    if stalls:
+        ready = buffer.get("empo2_replay_buffer_groups_ready", 0.0)
+        stall = f"buffer waiting for {'; '.join(stalls)}; {ready:g} groups ready for the learner"
+    return {"groups_open": buffer.get("empo2_replay_buffer_groups_open"), "slots": waits, "stall": stall}
 
 
 def roles_from_config(overrides: list[str]) -> list[dict]:
@@ -100,6 +160,8 @@ def status(roles: list[dict], interval_s: float) -> dict:
         rates[label] = round(max(summed(second, kind, metric) - summed(first, kind, metric), 0.0) / dt, 3)
     steps = summed(second, "learner", "empo2_learner_steps_total")
     step_count = summed(second, "learner", "empo2_learner_step_seconds_count")
+    buffer = next((second[name] for name, kind in kinds.items() if kind == "replay_buffer"), {})
+    waits = pipeline_waits(buffer, {name: r["up"] for name, r in per_role.items()}, time.time())
     hits, queries = (
         summed(second, "memory_service", "empo2_memory_service_retrieval_hits_sum"),
         summed(second, "memory_service", "empo2_memory_service_retrieval_hits_count"),
@@ -116,6 +178,7 @@ def status(roles: list[dict], interval_s: float) -> dict:
         "memory_entries": summed(second, "memory_service", "empo2_memory_service_entries"),
         "memory_hits_per_query": round(hits / queries, 2) if queries else None,
         "memory_fallbacks": summed(second, "env_actor", "empo2_env_actor_memory_fallbacks_total"),
+        "pipeline": waits,
     }
 
 
@@ -139,6 +202,15 @@ def render(report: dict, source: str) -> str:
         f"memory entries {report['memory_entries']:.0f}, hits/query {report['memory_hits_per_query']}, "
         f"fallbacks {report['memory_fallbacks']:.0f}"
     )
+    waits = report.get("pipeline") or {}
+    if waits.get("slots"):
+        held = ", ".join(
+            f"{w['slots']:g} free" if key == "free" else f"{w['slots']:g} leased to {w['process']}"
+            for key, w in waits["slots"].items()
+        )
+        lines.append(f"open groups {waits.get('groups_open') or 0:g}: unfilled slots {held}")
+    if waits.get("stall"):
+        lines.append(f"STALL: {waits['stall']}")
     return "\n".join(lines)
 
 

@@ -267,6 +267,17 @@ class ReplayBuffer:
                 held[key] = held.get(key, 0) + 1
         return held
 
+    def oldest_renewals(self) -> dict[str, float]:
+        """Each lease holder's oldest last renewal (the clock assign and renew are given) among the
+        unfilled slots of the open groups: an actor that stopped renewing shows here."""
+        oldest: dict[str, float] = {}
+        for group in self.open.values():
+            for slot in group.free_slots():
+                lease = group.leases.get(slot)
+                if lease is not None:
+                    oldest[lease.actor_id] = min(lease.renewed, oldest.get(lease.actor_id, lease.renewed))
+        return oldest
+
     def _assignment(self, group: Group, slot: int) -> Assignment:
         seed = self.rng.randrange(SEED_RANGE)
         # SGE: the members spread their strategy temperatures over the configured range (a guided

@@ -200,6 +200,9 @@ class BufferProcess:
         self.metrics.open_slots.clear()  # only the holders of live leases are labels
         for holder, slots in self.buffer.waiting_on().items():
             self.metrics.open_slots.labels(holder or "none").set(slots)
+        self.metrics.lease_renewed_at.clear()
+        for holder, renewed in self.buffer.oldest_renewals().items():
+            self.metrics.lease_renewed_at.labels(holder or "none").set(renewed)
 
     def renew(self, msg: LeaseRenewal) -> Ack:
         """An actor's keep-alive for the slot it plays: Ack while the slot is its own; a slot that is no

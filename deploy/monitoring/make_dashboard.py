@@ -240,6 +240,15 @@ PANELS = [
         ],
     ),
     (
+        "Buffer: leases (lapsed, released at an actor's restart, lost) and open groups' unfilled slots by holder",
+        "none",
+        [
+            'empo2_replay_buffer_leases{event=~"lapsed|released_restart|released_return|lost"}',
+            "empo2_replay_buffer_open_slots",
+            "empo2_replay_buffer_groups_open",
+        ],
+    ),
+    (
         "Batch staleness (p50, versions)",
         "none",
         ["histogram_quantile(0.5, sum by (le) (rate(empo2_replay_buffer_batch_staleness_versions_bucket[15m])))"],
@@ -351,6 +360,7 @@ NOT_ON_DASHBOARD = {
     "empo2_memory_service_embedding_batch_size": "a batching diagnostic, read in benchmarks",
     "empo2_launch_last_exit_code": "a last value, shown by empo2-status",
     "empo2_evaluator_policy_version": "the same as empo2_evaluator_last_scored_step, which is on a panel",
+    "empo2_replay_buffer_lease_renewed_at_seconds": "a timestamp per lease holder, read by empo2-status (a stall)",
 }
 # ...and by pattern: vLLM's own families beyond the panels above (its documentation lists them;
 # which ones exist depends on the vLLM version and its features, e.g. speculative decoding)

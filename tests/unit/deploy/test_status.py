@@ -172,3 +172,43 @@ def test_status_refuses_a_run_dir_that_is_not_a_run(tmp_path, capsys):
     # roles under systemd (no launcher state): their heartbeats make it a run, shown from the configured ports
     assert main([str(tmp_path / "run_heartbeats"), "--json", "--interval", "0"]) == 0
     assert "configured ports" in json.loads(capsys.readouterr().out)["source"]
+
+
+def test_status_names_the_starving_stage_from_the_buffers_leases(capsys):
+    """Issue 38: the buffer's open groups wait for a slot leased to an env actor that is down and has
+    not renewed it: the status says so, naming the process; slots of live renewing actors are no stall."""
+    from deploy.status import pipeline_waits, render
+
+    actor0, buffer = EnvActorMetrics(), ReplayBufferMetrics()
+    for i, m in enumerate((actor0, buffer)):
+        m.serve("127.0.0.1", BASE + 30 + i)
+    now = time.time()
+    buffer.groups_open.set(1)
+    buffer.open_slots.labels("actor0").set(2)
+    buffer.lease_renewed_at.labels("actor0").set(now - 5)
+    buffer.open_slots.labels("actor1.1").set(1)  # env_actor1's second env
+    buffer.lease_renewed_at.labels("actor1.1").set(now - 95)
+    roles = [
+        {"name": "env_actor0", "kind": "env_actor", "metrics": f"127.0.0.1:{BASE + 30}", "log": None},
+        {"name": "env_actor1", "kind": "env_actor", "metrics": f"127.0.0.1:{BASE + 39}", "log": None},  # killed
+        {"name": "replay_buffer", "kind": "replay_buffer", "metrics": f"127.0.0.1:{BASE + 31}", "log": None},
+    ]
+    report = status(roles, 0.1)
+    waits = report["pipeline"]
+    assert waits["groups_open"] == 1
+    assert waits["slots"]["actor0"]["process"] == "env_actor0" and waits["slots"]["actor1.1"]["slots"] == 1
+    assert waits["stall"].startswith("buffer waiting for 1 slot leased to env_actor1 (env_actor1 is down, lease last")
+    assert "env_actor0" not in waits["stall"]
+    screen = render(report, "test")
+    assert "open groups 1: unfilled slots 2 leased to env_actor0, 1 leased to env_actor1" in screen
+    assert "STALL: buffer waiting for 1 slot leased to env_actor1" in screen
+    # every actor renewing and up: no stall; free slots and no env actor up: a stall
+    renewing = {'empo2_replay_buffer_open_slots{holder="actor0"}': 1.0}
+    renewing['empo2_replay_buffer_lease_renewed_at_seconds{holder="actor0"}'] = now - 10
+    assert pipeline_waits(renewing, {"env_actor0": True}, now)["stall"] is None
+    free = {'empo2_replay_buffer_open_slots{holder="none"}': 2.0, "empo2_replay_buffer_groups_ready": 0.0}
+    assert pipeline_waits(free, {"env_actor0": False}, now)["stall"] == (
+        "buffer waiting for 2 free slots and no env actor up; 0 groups ready for the learner"
+    )
+    assert pipeline_waits(free, {"env_actor0": True}, now)["stall"] is None
+    assert pipeline_waits({}, {}, now) == {"slots": {}, "stall": None}

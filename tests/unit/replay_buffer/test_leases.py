@@ -59,6 +59,7 @@ def test_a_lease_not_renewed_lapses_after_the_ttl_and_is_reissued_and_counted():
     assert not buffer.renew(a.group_id, a.slot, "actor0", "inc-a", TTL + 2)
     assert buffer.leases.lost == 1
     assert buffer.waiting_on() == {"actor1": 1, "actor2": 1}
+    assert buffer.oldest_renewals() == {"actor1": 100.0, "actor2": TTL + 2}
 
 
 def test_a_lapsed_lease_not_yet_reissued_is_still_its_holders():
@@ -231,6 +232,7 @@ def test_the_process_answers_renewals_and_exports_the_lease_metrics(tmp_path):
         assert sample("empo2_replay_buffer_leases", {"event": "renewed"}) == 1
         assert sample("empo2_replay_buffer_open_slots", {"holder": "actor0"}) == 1
         assert sample("empo2_replay_buffer_groups_open") == 1
+        assert sample("empo2_replay_buffer_lease_renewed_at_seconds", {"holder": "actor0"}) > 0
         # actor0 restarts: the announcement of its new incarnation frees its slot at once
         hello = LeaseRenewal(actor_id="actor0", incarnation="new")
         assert dispatch(handlers, hello, metrics).detail == "no slot"
