@@ -34,6 +34,7 @@ from protocol.messages import (
     ErrorReply,
     GenerateRequest,
     GenerateResponse,
+    LeaseRenewal,
     MemoryQuery,
     MemoryResult,
     Ping,
@@ -87,7 +88,8 @@ def valid_messages(rng: random.Random) -> dict[str, list]:
     return {
         "replay_buffer": [
             trajectory,
-            AssignmentRequest(actor_id="fuzz"),
+            AssignmentRequest(actor_id="fuzz", incarnation=f"{rng.getrandbits(64):x}"),
+            LeaseRenewal(actor_id="fuzz", incarnation=f"{rng.getrandbits(64):x}", group_id="fuzz-group", slot=0),
             BatchRequest(learner_version=0, num_groups=1, max_staleness=4),
             Ping(sender="fuzz"),
         ],

@@ -79,8 +79,10 @@ class LeaseCounts:
 
 
 # The incarnations of restarted actors kept to recognise a late message of a dead process (its
-# predecessor's id must not take the actor back from its successor): the newest this many.
+# predecessor's id must not take the actor back from its successor): the newest this many. And the
+# actors whose incarnation is known: the last this many to say a new one (ids come from clients).
 RETIRED_INCARNATIONS = 4096
+KNOWN_ACTORS = 65536
 
 
 @dataclass
@@ -151,7 +153,7 @@ class ReplayBuffer:
         self.hindsight = HindsightCounts()
         self.sge = sge if sge is not None and sge.enabled else None
         self.leases = LeaseCounts()
-        self.incarnations: dict[str, str] = {}  # actor id -> its newest incarnation seen
+        self.incarnations: OrderedDict[str, str] = OrderedDict()  # actor id -> its newest incarnation seen
         self.retired: OrderedDict[str, None] = OrderedDict()  # incarnations replaced by a newer one
 
     def assign(self, now: float, actor_id: str = "", incarnation: str = "") -> tuple[Assignment | None, bool]:
@@ -236,6 +238,9 @@ class ReplayBuffer:
         if known == incarnation or incarnation in self.retired:
             return 0
         self.incarnations[actor_id] = incarnation
+        self.incarnations.move_to_end(actor_id)
+        while len(self.incarnations) > KNOWN_ACTORS:
+            self.incarnations.popitem(last=False)
         if known is None:
             return 0
         self.retired[known] = None
