@@ -36,7 +36,9 @@ OVERRIDES = [
     "learner.total_steps=8",  # more than the test needs: it stops the run itself
 ]
 TIMEOUT_S = 900
-EPISODE_SLACK_S = 60.0  # an episode of 3 turns on the embedded model, and the polls
+# an episode of 3 turns on the embedded model, and the polls: 45 s on a loaded 2-core machine (load 10-20),
+# where the group was used 96.9 s after the kill (restart 4.2 s, step 22.6 s); 7 min in all, mostly start-up
+EPISODE_SLACK_S = 120.0
 
 
 def _buffer(run: LaunchedRun) -> dict[str, float]:
