@@ -131,6 +131,12 @@ class ScienceWorld:
             actions = []
         return self.env.get_task_description(), actions
 
+    def gold_length(self, task: str, variation: int) -> int | None:
+        """How many actions ScienceWorld's own expert path of (task, variation) takes; None where the
+        env cannot generate it. An episode's step limit below this cannot be solved."""
+        actions = self.demonstration(task, variation)[1]
+        return len(actions) or None
+
     def action_templates(self) -> list[str]:
         """The action templates of the loaded task ("open OBJ", "move OBJ to OBJ", ...)."""
         return list(self.env.get_possible_actions())
