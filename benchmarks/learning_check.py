@@ -44,9 +44,10 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from benchmarks.gold_lengths import gold_lengths, horizon_shortfall
 from benchmarks.record import REPO, run_header, write_result
 from common.model_prep import EMBEDDED_MODEL, resolve_model
-from common.scienceworld import task_names
+from common.scienceworld import ScienceWorld, task_names
 from deploy.lockstep import step_records
 from evaluation.config import EvalConfig
 from evaluation.eval import EPISODES_FILE, EpisodeLog, summarize, write_results
@@ -61,6 +62,7 @@ from evaluation.stats import (
     seed_level_vs_fixed,
 )
 from learner.config import LearnerConfig
+from pipeline.config import load_config
 from protocol.messages import TIP_MODES
 from replay_buffer.buffer import BufferLog
 from spa.sft import REPORT as SFT_REPORT
@@ -80,6 +82,51 @@ def _eval(run_dir: Path, lock: str, overrides: list[str]) -> None:
     subprocess.run(_locked(lock, argv), cwd=REPO, check=True)
 
 
+GOLD_LENGTHS = RESULTS / "gold_lengths.json"  # benchmarks.gold_lengths: the first 5 train and 20 test variations
+
+
+def gold_lengths_of(task: str, train: int, test: int) -> dict[str, dict[int, int | None]]:
+    """The gold path length of each of `task`'s first `train` training and `test` test variations: from
+    benchmarks/results/gold_lengths.json where it covers them, else measured now (a JVM, a few seconds)."""
+    if GOLD_LENGTHS.exists():
+        known = json.loads(GOLD_LENGTHS.read_text())
+        if task in known["tasks"] and known["train"] >= train and known["test"] >= test:
+            splits = known["tasks"][task]
+            return {
+                split: {int(v): n for v, n in list(splits[split].items())[:count]}
+                for split, count in (("train", train), ("test", test))
+            }
+    world = ScienceWorld("easy")
+    try:
+        return gold_lengths(world, task, train, test)
+    finally:
+        world.close()
+
+
+def task_horizons(tasks: list[str], slack: int, train: int, test: int) -> dict[str, int]:
+    """Per task, the step limit that admits its longest gold path over the design's variations plus `slack`."""
+    out = {}
+    for task in tasks:
+        found = [n for split in gold_lengths_of(task, train, test).values() for n in split.values() if n is not None]
+        if not found:
+            raise SystemExit(f"{task}: ScienceWorld has no gold path for any variation of the design")
+        out[task] = max(found) + slack
+    return out
+
+
+def refuse_short_horizon(horizons: dict[str, int], slack: int, train: int, test: int) -> None:
+    """Exit (status 2) naming every variation a task's horizon cannot solve with `slack` steps to spare:
+    a design whose episodes are shorter than a gold path measures the horizon, not the policy."""
+    short = [
+        f"{task} {line}"
+        for task, horizon in horizons.items()
+        for line in horizon_shortfall(horizon, gold_lengths_of(task, train, test), slack)
+    ]
+    if short:
+        print("learning_check: horizon too short:\n  " + "\n  ".join(short), file=sys.stderr)
+        raise SystemExit(2)
+
+
 def base(args) -> int:
     tasks = args.tasks or list(task_names())
     run_dir = Path(args.run_dir)
@@ -89,7 +136,16 @@ def base(args) -> int:
         f"eval.variations={args.variations}",
         f"eval.episodes={args.episodes}",
         f"eval.envs={args.envs}",
+        *([f"eval.temperature={args.temperature}"] if args.temperature is not None else []),
     ]
+    if args.slack is not None:  # each task at its own horizon: its longest gold path plus the slack
+        horizons = task_horizons(tasks, args.slack, 0, args.variations)
+        limits = [
+            "env.task_step_limits=true",
+            f"env.max_steps={max(horizons.values())}",
+            *(f"++env.max_steps_per_task.{task}={n}" for task, n in horizons.items()),
+            *limits[2:],
+        ]
     chunks = [tasks[i : i + args.tasks_per_chunk] for i in range(0, len(tasks), args.tasks_per_chunk)]
     for k, chunk in enumerate(chunks):
         if args.collect or args.chunk is not None and k != args.chunk:
@@ -185,7 +241,9 @@ def compare(args) -> int:
     on the same test variations and evaluation seeds (unless --collect), then collect_compare."""
     tasks = args.tasks
     root = Path(args.run_root)
+    check_design_horizon(args)
     evaluation = [
+        *args.overrides,  # the training runs' profile: the same horizon at evaluation
         f"eval.tasks=[{','.join(tasks)}]",
         f"eval.variations={args.variations}",
         f"eval.episodes={args.episodes}",
@@ -211,6 +269,19 @@ def compare(args) -> int:
                 train(name, method, seed, run_dir, tasks, args)
                 _eval(run_dir, args.lock, [*method, *evaluation, "eval.policy=latest"])
     return collect_compare(root, args)
+
+
+def check_design_horizon(args) -> None:
+    """Refuse (exit 2) a design whose episodes are shorter than a gold path of a variation it trains on
+    (the first replay_buffer.variations_per_task training variations) or evaluates on (the first
+    --variations test ones), with --slack steps to spare: each method's composed configuration gives
+    each task's step limit, training and evaluation alike."""
+    for spec in args.presets:
+        name, method = method_overrides(spec)
+        cfg = load_config([*method, f"replay_buffer.tasks=[{','.join(args.tasks)}]", *args.overrides])
+        horizons = {task: cfg.env.step_limit(task) for task in args.tasks}
+        refuse_short_horizon(horizons, args.slack, cfg.replay_buffer.variations_per_task, args.variations)
+        print(f"[learning_check] {name}: horizons {horizons} admit every gold path + {args.slack}", flush=True)
 
 
 SPA_STAGE = "spa_stage"  # a method's SPA warm start, under its run root: <root>/<name>/spa_stage
@@ -247,6 +318,7 @@ def spa_summary(stage_dir: Path) -> dict:
 def train(name: str, method: list[str], seed: int, run_dir: Path, tasks: list[str], args) -> None:
     overrides = [
         *method,
+        *args.overrides,
         f"seed={seed}",
         f"replay_buffer.tasks=[{','.join(tasks)}]",
         f"run_dir={run_dir}",
@@ -816,6 +888,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--variations", type=int, default=2)
     b.add_argument("--episodes", type=int, default=1)
     b.add_argument("--max-steps", type=int, default=8)
+    b.add_argument(
+        "--slack",
+        type=int,
+        default=None,
+        help="each task's horizon: its longest gold path + SLACK (overrides --max-steps)",
+    )
+    b.add_argument("--temperature", type=float, default=None, help="eval.temperature (default: the evaluation's 0.4)")
     b.add_argument("--envs", type=int, default=2)
     b.add_argument("--run-dir", default="runs/learning_check_base")
     b.add_argument("--collect", action="store_true", help="only write the table of the episodes played so far")
@@ -837,6 +916,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the committed checks ran at 1024",
     )
     c.add_argument("--variations", type=int, default=5)
+    c.add_argument("--slack", type=int, default=2, help="steps a horizon must leave over every gold path")
+    c.add_argument(
+        "--overrides",
+        nargs="*",
+        default=["profile=cpu_learn"],
+        help="configuration of every training run and of the horizon check (the learning profile by default)",
+    )
     c.add_argument("--episodes", type=int, default=4)
     c.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds per method")
     c.add_argument(
