@@ -24,6 +24,13 @@ MemoryKey = Choice(
 )
 
 
+class StateKey(Choice):
+    """What text of a state is embedded as its memory key (memory_service.state_key; state_key.py)."""
+
+    observation = "observation"  # the state text as shown (the paper)
+    situation = "situation"  # the room and the inventory: tells ScienceWorld's states apart (a departure)
+
+
 class EmbeddingDtype(Choice):
     """What the embedding forward computes in (memory_service.embedding_dtype)."""
 
@@ -51,6 +58,10 @@ class MemoryServiceConfig:
     embedding_max_tokens: int = 128
     embedding_dtype: EmbeddingDtype = EmbeddingDtype.auto
     key: MemoryKey = MemoryKey.task_variation  # one memory per task_variation | task | global
+    # The state's text embedded as its key: observation (the paper: feedback + the room's look text, whose
+    # cosines between real states are high whatever the situation, so 0.5 passes every entry) | situation
+    # (room + inventory; pair it with a threshold chosen from benchmarks/results/state_keys.json)
+    state_key: StateKey = StateKey.observation
     reflection_system: str = REFLECTION_SYSTEM  # system prompt of the reflection request
     reflection_instruction: str = REFLECTION_INSTRUCTION  # closes the user turn, after the attempt
     # The reflection request is the episode as a chat (a user turn per state, an assistant turn per

@@ -38,6 +38,7 @@ from common.process import run_role
 from common.server import serve_requests
 from memory_service.config import MemoryServiceConfig
 from memory_service.embedder import Embedder, uses_bf16
+from memory_service.state_key import key_text
 from memory_service.store import Entry, MemoryStore, memory_key
 from memory_service.strategies import StrategyStore
 from protocol import Client, ProtocolError, RemoteError, decode, encode
@@ -132,8 +133,16 @@ def reflection_prompt(
     return np.asarray(ids, dtype=np.int32), skip
 
 
+_TIP_ACTION = " The action you took was "
+
+
 def tip_text(reflection: str, action: str, score: float) -> str:
-    return f"{reflection.strip()} The action you took was {action}; eventually you got score {score:.0f}/100."
+    return f"{reflection.strip()}{_TIP_ACTION}{action}; eventually you got score {score:.0f}/100."
+
+
+def reflection_of(tip: str) -> str:
+    """The reflection a tip starts with (tip_text's first part): the entries of one episode share it."""
+    return tip.rsplit(_TIP_ACTION, 1)[0]
 
 
 class MemoryService:
@@ -254,12 +263,13 @@ class MemoryService:
 
     def retrieve_batch(self, queries: list[MemoryQuery]) -> list[MemoryResult]:
         """The queries waiting together (memory_service.query_batch), their states embedded in one call."""
-        vectors = self.embed([q.state for q in queries])
+        vectors = self.embed([key_text(self.mcfg.state_key, q.state, q.inventory) for q in queries])
         results = []
         for query, vector in zip(queries, vectors):
             key = memory_key(self.mcfg.key, query.task, query.variation)
             hits = self.store.retrieve(key, vector, self.mcfg.similarity_threshold, self.mcfg.top_k)
             self.metrics.hits.observe(len(hits))
+            self.metrics.distinct_reflections.observe(len({reflection_of(e.tip) for e, _ in hits}))
             results.append(
                 MemoryResult(tips=[e.tip for e, _ in hits], scores=[e.score for e, _ in hits], count=len(hits))
             )
@@ -371,7 +381,13 @@ class MemoryService:
     def store_reflections(self, reflected: list[tuple[int, EpisodeReport, str]]) -> int:
         """One entry per step of each episode: tip (reflection + action + score), keyed by the state;
         each report leaves the persisted queue (its pending id) in the transaction of its entries."""
-        vectors = self.embed([obs for _, report, _ in reflected for obs in report.observations])
+        vectors = self.embed(
+            [
+                key_text(self.mcfg.state_key, state, inventory)
+                for _, report, _ in reflected
+                for state, inventory in zip(report.observations, report.inventories or [""] * len(report.observations))
+            ]
+        )
         added, offset = 0, 0
         for report_id, report, reflection in reflected:
             reflection = " ".join(reflection.split())[: self.run_facts.security.max_reflection_len]

@@ -853,9 +853,13 @@ class MemoryQuery(Message):
     task: str
     variation: int
     state: str  # current observation text, embedded by the service
+    # what the agent carries in this state (ScienceWorld's inventory text): part of the situation key
+    # (memory_service.state_key=situation); "" from a peer that does not send it
+    inventory: str = ""
 
     def validate(self) -> None:
         _check(_short(self.task) and self.variation >= 0, "task too long or negative variation")
+        _check(len(self.inventory) <= MAX_INVENTORY_CHARS, f"inventory longer than {MAX_INVENTORY_CHARS} characters")
 
     def check(self, limits: DoorLimits) -> None:
         limits.task(self.task)
@@ -890,6 +894,9 @@ class EpisodeReport(Message):
     score: float
     observations: list[str]  # state at each step: the retrieval keys
     actions: list[str]  # action taken at each step
+    # what the agent carried in each observed state (before its action): the situation key's part
+    # (memory_service.state_key=situation); [] from a peer that does not send them
+    inventories: list[str] = field(default_factory=list)
     # SGE: the episode's opening strategy, stored with its score for the reflection of later groups
     # (StrategyQuery); "": none. `reflect`: write tips on it (EMPO2's memory in use), else only the strategy
     strategy: str = ""
@@ -898,6 +905,8 @@ class EpisodeReport(Message):
 
     def validate(self) -> None:
         _check(len(self.observations) == len(self.actions) > 0, "one observation per action")
+        _check(len(self.inventories) in (0, len(self.actions)), "one inventory per observation, or none")
+        _check(all(len(i) <= MAX_INVENTORY_CHARS for i in self.inventories), "an inventory is too long")
         _check(len(self.strategy) <= MAX_STRATEGY_CHARS, f"strategy longer than {MAX_STRATEGY_CHARS} characters")
         _check(0.0 <= self.strategy_temperature <= MAX_TEMPERATURE, "strategy_temperature out of range")
         _check(_short(self.episode_id, self.task) and self.variation >= 0, "id or task too long, or negative variation")

@@ -35,9 +35,9 @@ from protocol.messages import (
 # across the episodes of a group as long as an episode has fewer turns than this (max_steps).
 TURN_SEEDS = 1000
 
-# (prompt token ids, seed) -> response;   (task, variation, state) -> (tips, n) or None if unreachable
+# (prompt token ids, seed) -> response;   (task, variation, state, inventory) -> (tips, n) or None if unreachable
 GenerateFn = Callable[[np.ndarray, int], GenerateResponse]
-RetrieveFn = Callable[[str, int, str], "tuple[list[str], int] | None"]
+RetrieveFn = Callable[[str, int, str, str], "tuple[list[str], int] | None"]
 
 
 @dataclass
@@ -60,6 +60,7 @@ class EpisodeStats:
     invalid_actions: int = 0
     memory_fallbacks: int = 0
     tips_shown: int = 0
+    tip_turns: int = 0  # turns whose retrieval gave at least one tip
     step_seconds: list[float] = field(default_factory=list)
     prompt_tokens: list[int] = field(default_factory=list)  # each turn's prompt length
     strategy_tokens: list[int] = field(default_factory=list)  # SGE: each strategy's sampled tokens
@@ -168,12 +169,13 @@ class EpisodeRunner:
             t0 = tick = time.perf_counter()
             tips, n, retrieved = [], 0, False
             if a.mode in TIP_MODES:
-                found = retrieve(a.task, a.variation, result.state)
+                found = retrieve(a.task, a.variation, result.state, result.inventory)
                 if found is None:  # memory unreachable: no tips, n = 0, marked not retrieved
                     stats.memory_fallbacks += 1
                 else:
                     (tips, n), retrieved = found, True
                     stats.tips_shown += len(tips)
+                    stats.tip_turns += bool(tips)
                 tick = stats.timed("memory_retrieval", tick)
             prompt = chat.prompt(result.state, tips, note)
             stats.prompt_tokens.append(len(prompt.token_ids))

@@ -288,13 +288,13 @@ class EnvWorker:
             self.metrics.policy_version.set(response.policy_version)
             return response
 
-    def retrieve(self, task: str, variation: int, state: str) -> tuple[list[str], int] | None:
+    def retrieve(self, task: str, variation: int, state: str, inventory: str = "") -> tuple[list[str], int] | None:
         """(tips, n), or None when the memory service is unreachable. After a failure the actor
         does not wait on it again for memory_retry_after_s: those turns go without tips at once."""
         if time.monotonic() < self._memory_down_until:
             return None
         try:
-            result = self.memory.call(MemoryQuery(task=task, variation=variation, state=state))
+            result = self.memory.call(MemoryQuery(task=task, variation=variation, state=state, inventory=inventory))
         except (RequestTimeout, RemoteError) as exc:
             log.warning("memory unavailable (%s); going without tips for %.0fs", exc, self.acfg.memory_retry_after_s)
             self._memory_down_until = time.monotonic() + self.acfg.memory_retry_after_s
@@ -338,6 +338,8 @@ class EnvWorker:
             score=trajectory.score,
             observations=trajectory.observations,
             actions=trajectory.actions,
+            # each observed state's inventory: before turn i, turn i-1's after its action
+            inventories=[trajectory.start_inventory, *trajectory.inventories[:-1]],
             strategy=next((s for s in trajectory.strategies if s), ""),
             strategy_temperature=trajectory.strategy_temperature,
             reflect=self.run_facts.memory_in_use,  # tips only where some rollouts read them
@@ -481,6 +483,8 @@ class EnvWorker:
         m.chains.inc(int(trajectory.chain_starts.sum()))  # turn 0 and each history trim: the learner's sequences
         m.memory_fallbacks.inc(stats.memory_fallbacks)
         m.tips_shown.inc(stats.tips_shown)
+        m.turns.labels(trajectory.mode).inc(trajectory.num_turns)
+        m.tip_turns.labels(trajectory.mode).inc(stats.tip_turns)
         m.strategies.inc(len(stats.strategy_tokens))
         for n in stats.strategy_tokens:
             m.strategy_tokens.observe(n)

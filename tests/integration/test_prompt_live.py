@@ -77,7 +77,7 @@ def test_golden_prompt_of_a_live_episode_with_tips_on_some_turns(runner):
     shown = {0: ["Doors must be opened first."], 2: ["Living things are often outside.", "Focus, then move."]}
     calls = iter(range(10))
 
-    def retrieve(task, variation, state):
+    def retrieve(task, variation, state, inventory=""):
         tips = shown.get(next(calls), [])
         return tips, len(tips)
 
