@@ -146,6 +146,10 @@ class EnvActorMetrics(RoleMetrics):
             "memory_fallbacks", "Turns that went without tips because memory was unreachable"
         )
         self.tips_shown = self._counter("tips_shown", "Tips put into prompts")
+        self.turns = self._counter("turns", "Turns played, by mode (the denominator of tip_turns)", ("mode",))
+        self.tip_turns = self._counter(
+            "tip_turns", "Turns whose retrieval put at least one tip into the prompt, by mode", ("mode",)
+        )
         self.strategies = self._counter("strategies", "SGE: strategies written (a turn's strategy before its action)")
         self.strategy_tokens = self._histogram(
             "strategy_tokens", "SGE: sampled tokens of one strategy", (4, 8, 16, 24, 32, 48, 64, 96, 128)
@@ -231,6 +235,11 @@ class MemoryServiceMetrics(RoleMetrics):
         self.memories = self._gauge("memories", "Distinct memories (keys)")
         self.retrievals = self._counter("retrievals", "Retrieval queries answered")
         self.hits = self._histogram("retrieval_hits", "Memories returned per query", (0, 1, 2, 3, 5, 8, 10))
+        self.distinct_reflections = self._histogram(
+            "retrieval_distinct_reflections",
+            "Distinct reflections among the memories returned per query (entries of one episode share one)",
+            (0, 1, 2, 3, 5, 8, 10),
+        )
         self.reflections = self._counter("reflections", "Reflections written by the policy")
         self.reflection_seconds = self._histogram("reflection_seconds", "Reflection latency", _SECONDS)
         self.reflection_queue = self._gauge("reflection_queue_depth", "Episodes waiting for reflection")
@@ -337,6 +346,16 @@ class LearnerMetrics(RoleMetrics):
                 "distinct_actions_per_group": "Mean distinct actions a group's episodes executed (last batch)",
                 "collapsed_group_fraction": "Fraction of the last batch's groups whose episodes all have the same "
                 "state sequence (groups of two or more episodes)",
+                # the memory's use (learner/memory_use.py), set only when the batch has turns of a tip mode
+                "tip_turn_fraction": "Fraction of the last batch's turns whose prompt showed at least one tip",
+                "tip_samples_trained_fraction": "Fraction of the last batch's tip turns (prompt showed tips) that the "
+                "low-probability mask kept in the loss",
+                "retrieval_hit_fraction": "Of the last batch's tip-mode turns whose retrieval answered, those given "
+                "at least one memory",
+                "retrieval_hits_mean": "Memories retrieved per tip-mode turn of the last batch (n of r_int = 1/(n+1))",
+                "r_int_spread_mean": "Mean over the last batch's tip-mode groups of the std of r_int over the group's "
+                "turns (0: the bonus cancels in the advantage)",
+                "r_int_varies_fraction": "Fraction of the last batch's tip-mode groups whose r_int is not constant",
                 "strategies_per_episode": "SGE: mean strategies an episode of the last batch wrote",
                 "distinct_strategies_per_group": "SGE: mean distinct strategies of a group's episodes (last batch)",
             }.items()

@@ -66,6 +66,7 @@ from deploy.run_state import (
 )
 from pipeline.config import PipelineConfig, load_config
 from pipeline.roles import LEARNER_TOKEN_ENV, RoleSpec, env_actor_spec, run_roles
+from protocol.messages import TIP_MODES
 
 # How long `--attach` waits for the launcher to apply a scale request (a scaled-down actor may take
 # launch.stop_grace_s to stop).
@@ -328,6 +329,8 @@ class Launcher:
             "generated_tokens": sum(total(s, "empo2_policy_server_generated_tokens_total") for s in servers),
             "memories_retrieved": total(memory, "empo2_memory_service_retrieval_hits_sum"),
             "tips_shown": sum(total(a, "empo2_env_actor_tips_shown_total") for a in actors),
+            "tip_turns": sum(total(a, "empo2_env_actor_tip_turns_total") for a in actors),
+            "turns": sum(total(a, "empo2_env_actor_turns_total") for a in actors),
             "memory_fallbacks": sum(total(a, "empo2_env_actor_memory_fallbacks_total") for a in actors),
             "env_steps": sum(total(a, "empo2_env_actor_env_steps_total") for a in actors),
         }
@@ -372,6 +375,33 @@ class Launcher:
             print(f"[launch] removed the leftover {path}", flush=True)
         self.write_state()
         self.metrics.close()
+
+
+def tips_note(final: dict, history: list[dict], p_memory: float) -> str:
+    """Why the run showed the tips it did, in a line: when none, the first reason that holds (no memory
+    in the method, no group drawn in a tip mode, the memory unreachable, an empty memory or none close
+    enough to the states played)."""
+    drawn = sum(n for h in history for mode, n in h.get("episodes_by_mode", {}).items() if mode in TIP_MODES)
+    episodes = sum(h.get("episodes", 0) for h in history)
+    if final["tips_shown"]:
+        return (
+            f"{final['tip_turns']:.0f} turns showed tips, in {drawn} of {episodes} trained episodes drawn in a tip mode"
+        )
+    if p_memory == 0:
+        return "none: replay_buffer.p_memory is 0 (the method uses no memory)"
+    if history and not drawn:
+        return (
+            f"none: no group was drawn in a tip mode (replay_buffer.p_memory={p_memory:g}; "
+            f"{episodes} trained episodes, all on-policy)"
+        )
+    if final["memory_fallbacks"]:
+        return f"none: the memory service did not answer ({final['memory_fallbacks']:.0f} turns went without)"
+    if not final["memory_entries"]:
+        return "none: the memory was empty whenever a tip-mode episode retrieved (no reflection stored yet)"
+    return (
+        "none: no stored state was close enough to the states played "
+        "(memory_service.similarity_threshold, memory_service.state_key)"
+    )
 
 
 def attach_main(argv: list[str]) -> int:
@@ -439,6 +469,8 @@ def main(argv: list[str], cfg: PipelineConfig) -> int:
         "reflections": final["reflections"],
         "memories_retrieved": final["memories_retrieved"],
         "tips_shown": final["tips_shown"],
+        "tip_turns": f"{final['tip_turns']:.0f} of {final['turns']:.0f} turns",
+        "tips_note": tips_note(final, history, cfg.replay_buffer.p_memory),
         "memory_fallbacks": final["memory_fallbacks"],
         "weight_push_seconds": [round(h["weight_push_seconds"], 2) for h in history],
         "step_seconds": [round(h["step_seconds"], 1) for h in history],

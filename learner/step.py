@@ -93,6 +93,7 @@ class StepTotals:
     masked_on_policy: int = _summed(0)  # of them, by mode
     masked_on_policy_tips: int = _summed(0)
     masked_off_policy: int = _summed(0)
+    masked_tip_samples: int = _summed(0)  # of them, samples whose prompt showed tips (any mode)
     ratio: float = _summed()  # Σ r_t
     clipped: float = _summed()  # tokens where the clip bound the surrogate
     dual_clipped: float = _summed()  # tokens where the dual clip bound it (A < 0)
@@ -153,6 +154,10 @@ class StepStats:
     logprob_mismatch_max_nats: float
     mismatch_tokens: int
     optimizer_steps: int  # optimizer steps taken: one per mini-batch with a kept token
+    # samples whose rollout prompt showed tips (with_tips, any mode), and the share of their passes the
+    # mask kept: the tip turns that contributed gradient (None: no such sample)
+    tip_samples: int = 0
+    tip_samples_trained_fraction: float | None = None
     samples_nonfinite: int = 0  # dropped before the step: a non-finite advantage or behaviour log-prob
     # the learner's resident memory after the step, its freed heap given back (learner/train.py): the
     # floor that a leak raises, where the peak follows the step's micro-batches (0: not measured)
@@ -173,6 +178,7 @@ class StepStats:
         seen `passes` times (learner.update_epochs)."""
         kept = max(totals.kept_tokens, 1)
         per_mode = {mode: passes * sum(s.mode == mode for s in samples) for mode in MODES}
+        tip_samples = sum(s.with_tips for s in samples)
         return cls(
             loss=totals.loss / kept,
             samples=len(samples),
@@ -201,6 +207,10 @@ class StepStats:
             logprob_mismatch_max_nats=totals.mismatch_max,
             mismatch_tokens=totals.mismatch_tokens,
             optimizer_steps=optimizer_steps,
+            tip_samples=tip_samples,
+            tip_samples_trained_fraction=1.0 - totals.masked_tip_samples / (passes * tip_samples)
+            if tip_samples
+            else None,
         )
 
 
@@ -506,6 +516,7 @@ def micro_batch_loss(
         forward_tokens=sum(row_length(row) for row in forward_rows) if samples else 0,
         masked_samples=kept.count(False),
         **{f"masked_{mode}": sum(not k and s.mode == mode for s, k in zip(samples, kept)) for mode in MODES},
+        masked_tip_samples=sum(not k and s.with_tips for s, k in zip(samples, kept)),
         mismatch=sum(float(g.sum()) for g in gaps),
         mismatch_tokens=sum(g.numel() for g in gaps),
         ratio_max=float(diag["ratio"].max()) if logp.numel() else 0.0,

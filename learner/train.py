@@ -45,6 +45,7 @@ from learner.config import LearnerConfig
 from learner.exploration import exploration_stats
 from learner.lean_activations import lean_activations
 from learner.lora import apply_lora, is_lora, lora_scale, merged_weights
+from learner.memory_use import memory_stats
 from learner.optim import build_optimizer
 from learner.policy_model import ResponseScorer, load_policy
 from learner.rnd import RNDBonus
@@ -212,6 +213,8 @@ def step_record(
         "phase_seconds": {phase: phase_seconds[phase] for phase in PHASES if phase in phase_seconds},
         # distinct states and actions, collapsed groups (learner/exploration.py); the entropy is entropy_mean
         **exploration_stats(trajectories),
+        # how much the memory engaged: tip turns, retrievals, r_int's spread in groups (learner/memory_use.py)
+        **memory_stats(trajectories),
         **{k: v for k, v in vars(stats).items()},
     }
 

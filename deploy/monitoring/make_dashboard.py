@@ -288,6 +288,27 @@ PANELS += [
         ["empo2_learner_collapsed_group_fraction", "empo2_learner_zero_advantage_fraction"],
     ),
     ("Policy entropy (nats, every step)", "none", ["empo2_learner_entropy_mean"]),
+    # EMPO2's memory at work (learner/memory_use.py, the actors' tip turns, the memory's retrievals)
+    (
+        "Memory use: tip turns (learner batch; actors, by mode), tip turns trained, retrievals that hit",
+        "percentunit",
+        [
+            "empo2_learner_tip_turn_fraction",
+            "sum by (mode) (rate(empo2_env_actor_tip_turns_total[5m])) / sum by (mode) (rate(empo2_env_actor_turns_total[5m]))",
+            "empo2_learner_tip_samples_trained_fraction",
+            "empo2_learner_retrieval_hit_fraction",
+            "empo2_learner_r_int_varies_fraction",
+        ],
+    ),
+    (
+        "Memory use: memories and distinct reflections per query, r_int spread in groups",
+        "none",
+        [
+            "empo2_learner_retrieval_hits_mean",
+            "empo2_learner_r_int_spread_mean",
+            "histogram_quantile(0.5, sum by (le) (rate(empo2_memory_service_retrieval_distinct_reflections_bucket[5m])))",
+        ],
+    ),
     ("Learner resident memory after each step (MB): a leak raises it", "none", ["empo2_learner_resident_mb"]),
 ]
 

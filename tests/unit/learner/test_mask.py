@@ -100,6 +100,9 @@ def test_mask_decisions_per_mode_under_both_rules(model):
             assert got == {mode: float(m) for mode, m in masked.items()}, (rule, threshold)
             assert stats.samples_masked == sum(masked.values())
             assert stats.masked_fraction == pytest.approx(sum(masked.values()) / 3)
+            # the tip turns (rolled out with tips: on-policy with tips, off-policy) the mask kept
+            assert stats.tip_samples == 2
+            assert stats.tip_samples_trained_fraction == 1.0 - (masked[ON_POLICY_TIPS] + masked[OFF_POLICY]) / 2
             kept_tokens = sum(len(samples[mode].response) for mode, m in masked.items() if not m)
             assert stats.tokens == kept_tokens
     assert differ > 0  # some threshold tells the rules apart on the with-tips sample
@@ -121,6 +124,7 @@ def test_the_masked_fraction_of_a_mode_absent_from_the_batch_is_none(model):
     stats = train_step(model, opt, [samples[ON_POLICY]], _cfg("paper", 0.0), 0)
     assert stats.masked_fraction_on_policy == 1.0
     assert stats.masked_fraction_on_policy_tips is None and stats.masked_fraction_off_policy is None
+    assert stats.tip_samples == 0 and stats.tip_samples_trained_fraction is None
 
 
 @pytest.mark.parametrize("rule", ["paper", "tip_rollouts"])
