@@ -331,7 +331,11 @@ def train(name: str, method: list[str], seed: int, run_dir: Path, tasks: list[st
         f"learner.micro_batch_tokens={args.micro_batch_tokens}",
         f"launch.timeout_s={args.budget_min * 60}",
         *(
-            [f"eval.every_steps={args.eval_every}", "eval.subset_variations=2", "eval.episodes=2"]
+            [
+                f"eval.every_steps={args.eval_every}",
+                f"eval.subset_variations={args.eval_every_variations or args.variations}",
+                f"eval.episodes={args.episodes if args.eval_every_variations == 0 else 2}",
+            ]
             if args.eval_every
             else []
         ),
@@ -485,7 +489,14 @@ def collect_compare(root: Path, args) -> int:
     ]
     if plotted:
         plots = RESULTS / args.plots
-        subprocess.run([sys.executable, "-m", "evaluation.plot", *map(str, plotted), "--out", str(plots)], check=True)
+        arms = [
+            f"--arm={name}={','.join(str(d) for d in dirs if (d / 'metrics.jsonl').exists())}"
+            for name, dirs in run_dirs(root, args.seeds, args.presets).items()
+            if any((d / "metrics.jsonl").exists() for d in dirs)
+        ]  # curves.png: each method's seeds as a mean in a min-max band
+        subprocess.run(
+            [sys.executable, "-m", "evaluation.plot", *map(str, plotted), "--out", str(plots), *arms], check=True
+        )
     result = {
         **run_header([".venv/bin/python", "-m", "benchmarks.learning_check"], sys.argv[1:]),
         "design": {
@@ -907,6 +918,13 @@ def build_parser() -> argparse.ArgumentParser:
     # budget gives the 135M model about 15 steps of 4 episodes, over which 1e-6 hardly moves it
     c.add_argument("--lr", type=float, default=1e-5, help="learner.lr of both runs")
     c.add_argument("--eval-every", type=int, default=6, help="periodic evaluation every N steps (0: none)")
+    c.add_argument(
+        "--eval-every-variations",
+        type=int,
+        default=2,
+        help="the periodic evaluation's test variations, x 2 seeds (0: the final evaluation's whole design, "
+        "--variations x --episodes, so the curve's points are paired with the final one)",
+    )
     c.add_argument(
         "--micro-batch-tokens",
         type=int,

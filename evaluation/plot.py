@@ -13,6 +13,11 @@ records, evaluation/eval.py) and writes, to --out (default <first run>/plots):
   exploration.png     distinct states per episode and per group, distinct actions per group, the
                       fraction of collapsed groups (learner/exploration.py) and the policy's
                       entropy, vs step: written when the records carry them
+  memory.png          EMPO2's memory at work (learner/memory_use.py): turns that showed tips, tip turns
+                      trained, retrievals that hit, memories per retrieval, r_int's spread in a group:
+                      written when the records carry them
+  curves.png          with --arm NAME=DIR,DIR,... (repeated): per arm, its seeds' training success and
+                      score vs step, the mean in a band of the min and max over seeds
   time_breakdown.png  per run, stacked seconds per step: the learner's phases (batch wait, score,
                       forward/backward, optimizer, push, ...) and the actors' rollout phases
                       (generation, env step, memory retrieval, ...) (the paper's Figure 12)
@@ -154,6 +159,9 @@ def plot_runs(run_dirs: list[Path], out: Path) -> list[Path]:
     if any(r.get(key) is not None for _, steps, _ in runs for r in steps for key in EXPLORATION):
         save(_exploration_figure(plt, runs), "exploration.png")
 
+    if any(r.get("tip_turn_fraction") is not None for _, steps, _ in runs for r in steps):
+        save(_memory_figure(plt, runs), "memory.png")
+
     # the paper's Figure 12: where the time goes, per component
     fig, axes = plt.subplots(len(runs), 2, figsize=(12, 3.5 * len(runs)), squeeze=False)
     for (name, steps, _), (learner_ax, actor_ax) in zip(runs, axes):
@@ -215,13 +223,81 @@ def _exploration_figure(plt, runs: list[tuple[str, list[dict], list[dict]]]):
     return fig
 
 
+def _memory_figure(plt, runs: list[tuple[str, list[dict], list[dict]]]):
+    """learner/memory_use.py's metrics vs step: how much EMPO2's memory engaged."""
+    fig, (shares, counts) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (name, steps, _) in enumerate(runs):
+        color = f"C{i % 10}"
+        for key, style, label in (
+            ("tip_turn_fraction", "o-", "turns that showed tips"),
+            ("tip_samples_trained_fraction", "s--", "tip turns trained (kept by the mask)"),
+            ("retrieval_hit_fraction", "^:", "tip-mode retrievals with >= 1 memory"),
+        ):
+            xs, ys = _series([r for r in steps if r.get(key) is not None], "step", key)
+            shares.plot(xs, [100 * y for y in ys], style, color=color, label=f"{name}: {label}", markersize=4)
+        for key, style, label in (("retrieval_hits_mean", "o-", "memories per retrieval"),):
+            counts.plot(*_series([r for r in steps if r.get(key) is not None], "step", key), style, color=color,
+                        label=f"{name}: {label}", markersize=4)  # fmt: skip
+        xs, ys = _series([r for r in steps if r.get("r_int_spread_mean") is not None], "step", "r_int_spread_mean")
+        counts.plot(xs, [10 * y for y in ys], "s--", color=color, label=f"{name}: r_int's std in a group x 10")
+    shares.set(xlabel="learner step", ylabel="% of the batch's turns / tip turns", title="memory use per step")
+    shares.set_ylim(-5, 105)
+    counts.set(xlabel="learner step", ylabel="count (r_int std x 10)", title="retrievals and the intrinsic reward")
+    for ax in (shares, counts):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def plot_arms(arms: dict[str, list[Path]], out: Path) -> Path:
+    """curves.png: per arm (a method trained with several seeds), the training batches' success rate and
+    mean score vs learner step: the mean over its seeds as a line in the band of their min and max (a
+    step is drawn where every seed has it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (arm, dirs) in enumerate(arms.items()):
+        seeds = [{r["step"]: r for r in read_log(d)[0]} for d in dirs]
+        common = sorted(set.intersection(*(set(s) for s in seeds))) if seeds else []
+        for ax, key, scale in ((axes[0], "success_rate", 100.0), (axes[1], "episode_score_mean", 1.0)):
+            values = [[scale * s[step][key] for s in seeds] for step in common]
+            mean = [sum(v) / len(v) for v in values]
+            ax.plot(common, mean, "-", color=f"C{i % 10}", label=f"{arm}: mean of {len(dirs)} seeds")
+            ax.fill_between(common, [min(v) for v in values], [max(v) for v in values], color=f"C{i % 10}", alpha=0.2)
+    axes[0].set(xlabel="learner step", ylabel="success rate (%)", title="training success (band: min-max over seeds)")
+    axes[1].set(xlabel="learner step", ylabel="score (0-100; -100: a wrong focus)", title="training score")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "curves.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="empo2-plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dirs", nargs="+", type=Path, help="run directories holding metrics.jsonl")
     parser.add_argument("--out", type=Path, default=None, help="where the PNGs go (default <first run>/plots)")
+    parser.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        metavar="NAME=DIR,DIR,...",
+        help="also curves.png: an arm's seeds (run dirs) as a mean in a min-max band; repeat per arm",
+    )
     args = parser.parse_args(argv)
     try:
         written = plot_runs(args.run_dirs, args.out or args.run_dirs[0] / "plots")
+        arms = {name: [Path(d) for d in dirs.split(",")] for name, _, dirs in (a.partition("=") for a in args.arm)}
+        if arms:
+            written.append(plot_arms(arms, args.out or args.run_dirs[0] / "plots"))
     except FileNotFoundError as exc:
         print(f"empo2-plot: {exc}", file=sys.stderr)
         return 2

@@ -84,6 +84,13 @@ def _exploring_run(run_dir: Path, steps: int = 12) -> None:
             "distinct_actions_per_group": 6.0 + step / 3,
             "collapsed_group_fraction": 0.5 if step < 4 else None if step == 6 else 0.25,
             "entropy_mean": 0.0 if step == 1 else 2.0 - step / 10,  # 0: not measured
+            "success_rate": 0.25 * (step % 3 == 0),
+            # the memory's use (learner/memory_use.py); None before the memory held anything
+            "tip_turn_fraction": None if step < 3 else 0.3,
+            "tip_samples_trained_fraction": None if step < 3 else 1.0,
+            "retrieval_hit_fraction": None if step < 3 else 0.6,
+            "retrieval_hits_mean": None if step < 3 else 2.5,
+            "r_int_spread_mean": None if step < 3 else 0.1,
         }
         lines.append(json.dumps(record))
         if step % 6 == 0:
@@ -97,8 +104,18 @@ def test_a_log_with_exploration_and_intervals_draws_every_figure(tmp_path):
     _exploring_run(tmp_path / "explorer")
     out = tmp_path / "plots"
     assert main([str(tmp_path / "explorer"), str(FIXTURE), "--out", str(out)]) == 0  # old and new logs overlaid
-    names = {"score.png", "eval.png", "training.png", "exploration.png", "time_breakdown.png"}
+    names = {"score.png", "eval.png", "training.png", "exploration.png", "memory.png", "time_breakdown.png"}
     assert {p.name for p in out.iterdir()} == names
     for name in names:
         data = (out / name).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000, name
+
+
+def test_arms_are_drawn_as_the_mean_of_their_seeds_in_a_min_max_band(tmp_path):
+    for seed in range(3):
+        _exploring_run(tmp_path / f"empo2_seed{seed}", steps=8 + seed)  # curves.png: the steps every seed has
+    out = tmp_path / "plots"
+    arm = "--arm=empo2=" + ",".join(str(tmp_path / f"empo2_seed{seed}") for seed in range(3))
+    assert main([str(tmp_path / "empo2_seed0"), "--out", str(out), arm]) == 0
+    data = (out / "curves.png").read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 10_000
