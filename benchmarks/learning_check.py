@@ -565,7 +565,7 @@ TIP_CHARS = (200, 100)  # of each: its start (the reflection) and its end (the s
 
 def diagnostics(run_dir: Path) -> dict:
     """Why a run did or did not move its policy, from what it wrote: the step means of STEP_MEANS,
-    how many of its episodes were tip rollouts, its memory's size and best tips, and how far the final
+    how many of its episodes were drawn in a tip mode and how many turns showed tips, its memory's size and best tips, and how far the final
     weights moved from the base model's (relative L2 norm of the difference)."""
     steps = step_records(run_dir)  # none if the run ended before its first step
     out: dict = {
@@ -573,7 +573,14 @@ def diagnostics(run_dir: Path) -> dict:
         for key in STEP_MEANS
         if any(r.get(key) is not None for r in steps)
     }
-    out["tip_rollouts"] = sum(n for r in steps for mode, n in r["episodes_by_mode"].items() if mode in TIP_MODES)
+    # episodes *drawn* in a tip mode (their group's mode), whether or not their memory had anything to show
+    out["tip_mode_episodes"] = sum(n for r in steps for mode, n in r["episodes_by_mode"].items() if mode in TIP_MODES)
+    # turns whose prompt showed >= 1 tip, and of them the share the mask kept (learner/memory_use.py; None in
+    # a run recorded before they were)
+    shown = [(r["tip_turn_fraction"], r["env_steps"]) for r in steps if r.get("tip_turn_fraction") is not None]
+    out["tip_turns"] = round(sum(f * n for f, n in shown)) if shown else None
+    trained = [r["tip_samples_trained_fraction"] for r in steps if r.get("tip_samples_trained_fraction") is not None]
+    out["tip_turns_trained"] = statistics.fmean(trained) if trained else None
     memory = run_dir / "memory.sqlite"
     if memory.exists():
         with closing(sqlite3.connect(memory)) as db:
@@ -698,17 +705,28 @@ def compare_table(result: dict) -> str:
     ]
     lines += [
         "",
-        "What would change the answer, per run (means over its learner steps; tip rollouts: its episodes "
-        "that showed tips; weights moved: ||theta - theta_base|| / ||theta_base|| of its last checkpoint):",
+        "What would change the answer, per run (means over its learner steps; tip-mode episodes: its episodes "
+        "drawn in a tip mode, whether or not the memory had anything to show; tip turns: turns whose prompt "
+        "showed a tip, and the share of them the mask kept; weights moved: ||theta - theta_base|| / "
+        "||theta_base|| of its last checkpoint):",
         "",
         "| run | advantage 0 | masked | clipped | approx KL | entropy | states / group | actions / group | "
-        "collapsed groups | tip rollouts | memory entries | distinct tips | weights moved |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "collapsed groups | tip-mode episodes | tip turns | tip turns trained | memory entries | distinct tips | "
+        "weights moved |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run, t in result["training"].items():
         cells = [_cell(t.get(f"{key}_mean")) for key in STEP_MEANS]
         cells += [
-            _cell(t.get(key)) for key in ("tip_rollouts", "memory_entries", "distinct_tips", "weight_change_relative")
+            _cell(t.get(key))
+            for key in (
+                "tip_mode_episodes",
+                "tip_turns",
+                "tip_turns_trained",
+                "memory_entries",
+                "distinct_tips",
+                "weight_change_relative",
+            )
         ]
         lines.append(f"| {run} | " + " | ".join(cells) + " |")
     herl = {run: t["herl"] for run, t in result["training"].items() if "herl" in t}
