@@ -133,7 +133,14 @@ def test_a_step_budget_gives_every_run_the_same_learner_steps_under_a_wall_limit
     ran = []
     monkeypatch.setattr(lc.subprocess, "run", lambda argv, **kw: ran.append(argv))
     args = SimpleNamespace(
-        steps=8, budget_min=30.0, checkpoint_every=2, lr=1e-5, eval_every=0, lock="", micro_batch_tokens=1024
+        steps=8,
+        budget_min=30.0,
+        checkpoint_every=2,
+        lr=1e-5,
+        eval_every=0,
+        lock="",
+        micro_batch_tokens=1024,
+        overrides=[],
     )
     lc.train("grpo", ["preset=grpo"], 1, tmp_path, ["boil"], args)
     lc.train("grpo", ["preset=grpo"], 1, tmp_path, ["boil"], SimpleNamespace(**{**vars(args), "steps": 0}))
@@ -164,7 +171,11 @@ def test_a_method_is_a_preset_or_a_named_variant_of_one():
 def test_compare_trains_only_the_runs_not_yet_evaluated_on_the_design(tmp_path, monkeypatch):
     """A compare with one more method adds it: the base model and the runs already evaluated are kept."""
     args = SimpleNamespace(tasks=["boil"], run_root=str(tmp_path), variations=1, episodes=1, collect=False,
-                           seeds=[0], presets=["grpo", "v=herl,herl.gamma=0.1"], lock="", spa=[])  # fmt: skip
+                           seeds=[0], presets=["grpo", "v=herl,herl.gamma=0.1"], lock="", spa=[],
+                           overrides=[])  # fmt: skip
+    monkeypatch.setattr(
+        lc, "check_design_horizon", lambda a: None
+    )  # boil's gold paths: tests/unit/benchmarks/test_horizon.py
     done = {tmp_path / "base", tmp_path / "grpo" / "seed0"}
     monkeypatch.setattr(lc, "final_evaluation", lambda run_dir, a: {} if run_dir in done else None)
     trained, evaluated = [], []
@@ -198,7 +209,8 @@ def test_an_spa_method_trains_each_seed_from_one_timed_warm_start_and_reports_it
     """--spa: `empo2-spa all` runs once per method, before its seeds; each seed trains and is evaluated from
     the SFT checkpoint (model.name); the report gives the warm start's time and the SFT's held-out figures."""
     args = SimpleNamespace(tasks=["boil"], run_root=str(tmp_path), variations=1, episodes=1, collect=False,
-                           seeds=[0, 1], presets=["s=empo2"], lock="", spa=["s"])  # fmt: skip
+                           seeds=[0, 1], presets=["s=empo2"], lock="", spa=["s"], overrides=[])  # fmt: skip
+    monkeypatch.setattr(lc, "check_design_horizon", lambda a: None)
     stage = tmp_path / "s" / lc.SPA_STAGE
     checkpoint = stage / "spa" / "sft" / "step_2"
     spa_runs = []
@@ -239,10 +251,11 @@ def test_an_spa_method_trains_each_seed_from_one_timed_warm_start_and_reports_it
     assert "| s/seed0 | " in table and "| 2 | 1.200 → 0.900 | 0.2 → 0.2 (5 predictions) |" in table
 
 
-def test_the_diagnostics_of_a_run_are_its_step_means_its_tip_rollouts_and_its_memory(tmp_path):
+def test_the_diagnostics_of_a_run_are_its_step_means_its_tip_turns_and_its_memory(tmp_path):
     steps = [
         {"record": "step", "zero_advantage_fraction": 1.0, "masked_fraction": 0.5, "entropy_mean": 2.0,
-         "episodes_by_mode": {"on_policy": 3, "on_policy_tips": 1}},
+         "episodes_by_mode": {"on_policy": 3, "on_policy_tips": 1}, "env_steps": 20, "tip_turn_fraction": 0.1,
+         "tip_samples_trained_fraction": 0.5},
         {"record": "eval", "zero_advantage_fraction": 9.0},  # an evaluation record: not a step
         {"record": "step", "zero_advantage_fraction": 0.0, "masked_fraction": 0.25, "entropy_mean": None,
          "episodes_by_mode": {"off_policy": 2, "on_policy": 2}},
@@ -261,11 +274,17 @@ def test_the_diagnostics_of_a_run_are_its_step_means_its_tip_rollouts_and_its_me
     assert d["zero_advantage_fraction_mean"] == pytest.approx(0.5) and d["masked_fraction_mean"] == pytest.approx(0.375)
     assert d["entropy_mean_mean"] == pytest.approx(2.0)  # the step without a value left out
     assert "clip_fraction_mean" not in d  # no step has it
-    assert d["tip_rollouts"] == 3  # on_policy_tips and off_policy episodes
+    assert d["tip_mode_episodes"] == 3  # on_policy_tips and off_policy episodes, drawn in a tip mode
+    assert d["tip_turns"] == 2 and d["tip_turns_trained"] == 0.5  # 10% of step 1's 20 turns showed tips
     assert d["memory_entries"] == 6 and d["distinct_tips"] == 4  # an episode's steps share its reflection
     assert [(t["tip"], t["score"]) for t in d["tips"]] == [("best", 25.0), ("mid", 8.0), ("low", 0.0)]
     assert "weight_change_relative" not in d  # no checkpoint
-    assert lc.diagnostics(tmp_path / "nothing") == {"tip_rollouts": 0}  # a run that ended before its first step
+    # a run that ended before its first step
+    assert lc.diagnostics(tmp_path / "nothing") == {
+        "tip_mode_episodes": 0,
+        "tip_turns": None,
+        "tip_turns_trained": None,
+    }
 
 
 def test_weight_change_is_the_relative_norm_of_the_difference(tmp_path):
