@@ -29,6 +29,7 @@ SUMS = dict(
     masked_on_policy=1,
     masked_on_policy_tips=1,
     masked_off_policy=0,
+    masked_tip_samples=1,
     ratio=7.7,
     clipped=2.0,
     dual_clipped=1.0,
