@@ -48,3 +48,12 @@ def test_the_learning_profile_admits_every_gold_path_of_its_design():
     args.overrides = ["profile=cpu_learn", "env.max_steps=4"]  # the `cpu` profile's horizon
     with pytest.raises(SystemExit):
         lc.check_design_horizon(args)
+
+
+def test_the_learning_profile_leaves_the_method_to_the_preset_and_one_mask_rule_to_every_arm():
+    """A profile is composed after the preset: one that set p_memory would give preset=grpo a memory."""
+    grpo = lc.load_config(["profile=cpu_learn", "preset=grpo"])
+    empo2 = lc.load_config(["profile=cpu_learn", "preset=empo2", "replay_buffer.p_memory=0.5"])
+    assert grpo.replay_buffer.p_memory == 0.0 and empo2.replay_buffer.p_memory == 0.5
+    assert grpo.learner.low_prob_mask == empo2.learner.low_prob_mask == "off"
+    assert grpo.env.step_limit("lifespan-longest-lived") == empo2.env.step_limit("lifespan-longest-lived") == 12
