@@ -29,6 +29,16 @@ log = logging.getLogger(__name__)
 # At a shutdown, how long the engine's processes may take to exit before their shared memory is
 # released (vLLM's client waits for its engine core, which waits for its workers, first).
 ENGINE_EXIT_WAIT_S = 10.0
+# At a stop, how long vLLM's engine core may take to exit by itself before vLLM's client kills it
+# (AsyncLLM.shutdown's timeout), and how long the engine core waits for its worker process to exit
+# before it terminates it (VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS). vLLM's default is 5 s for each; its
+# teardown (the worker's, then the engine core's, each with collections of the whole heap) took longer
+# on a busy 2-core host: the engine core was killed mid-teardown ("force killing remaining process
+# EngineCore"), and what it had registered with the resource tracker it shares with the server was
+# reported at the server's exit ("There appear to be 1 leaked semaphore objects to clean up at
+# shutdown", issue 39). Both fit in the launcher's stop grace (launch.stop_grace_s, 20 s by default).
+ENGINE_STOP_TIMEOUT_S = 14.0
+WORKER_STOP_TIMEOUT_S = 8
 
 
 def resolve_device(requested: str) -> str:
@@ -120,6 +130,8 @@ def start_vllm(model_path: str, cfg: PolicyServerConfig, seed: int, weight_sync:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_omp_threads_bind
         os.environ.setdefault("EMPO2_VLLM_BUSY_LOOP_S", "0")  # see worker_ext.cap_shm_busy_loop
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
+    # read by the engine core when it stops its workers (vLLM's envs are read at use)
+    os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", str(WORKER_STOP_TIMEOUT_S))
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     dtype = str(cfg.dtype) if cfg.dtype != "auto" else ("float32" if device == "cpu" else "bfloat16")
@@ -293,8 +305,9 @@ class PolicyEngine:
         """Stop the engine and its processes. vLLM's engine processes, stopped (with the role's process
         group, or by the engine client), do not unlink the shared memory of their message queues:
         released here once they have exited (common/process.py ChildSharedMemory), so the resource
-        tracker has no leak to report when this process exits."""
-        self.engine.shutdown()
+        tracker has no leak to report when this process exits. The engine core is given
+        ENGINE_STOP_TIMEOUT_S to stop by itself: killed, it leaves what it registered with the tracker."""
+        self.engine.shutdown(timeout=ENGINE_STOP_TIMEOUT_S)
         if self.engine_shm is not None:
             for path in self.engine_shm.release(timeout_s=ENGINE_EXIT_WAIT_S):
                 log.info("removed %s, left by vLLM's engine processes", path)
