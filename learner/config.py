@@ -21,6 +21,17 @@ class Ratio(Choice):
     decoupled = "decoupled"  # decoupled PPO for stale samples (clip against πprox, weight πprox/πbehaviour)
 
 
+class RolloutCorrection(Choice):
+    """Off-policy correction of the behaviour policy's mismatch (learner/loss.py, rollout_correction):
+    ρ_t = π_old(a_t)/π_behaviour(a_t), π_old the learner's policy before the update, π_behaviour the
+    log-probs the policy server returned. Anything but none clips the ratio against π_old."""
+
+    none = "none"  # no correction: the ratio as learner.ratio says (the paper)
+    tis = "tis"  # truncated importance sampling: L_t × min(ρ_t, cap) (Yao et al. 2025, verl)
+    mis = "mis"  # masked importance sampling: a turn sample leaves when Π_t ρ_t is outside [1/cap, cap]
+    token_mask = "token_mask"  # IcePop: tokens with ρ_t outside [low, high] get no gradient
+
+
 class LowProbMask(Choice):
     # every turn sample in every mode while memory is in use (replay_buffer.p_memory > 0), judged on
     # the prompt it is updated on (tip-free off-policy, with tips on-policy with tips): the paper's
@@ -72,6 +83,13 @@ class LearnerConfig:
     dual_clip: float = 10.0  # for negative advantages the loss is bounded by dual_clip * |A|
     ratio: Ratio = Ratio.plain  # plain (paper) | decoupled (decoupled PPO for stale samples)
     behaviour_weight_cap: float = 5.0  # decoupled: tokens with πprox/πbehaviour above this are dropped
+    # none | tis | mis | token_mask: the learner's policy before the update against the servers' behaviour
+    # log-probs (RolloutCorrection); with one, the ratio is clipped against the former (not with ratio=decoupled,
+    # whose own weight πprox/πbehaviour would correct the same mismatch twice)
+    rollout_correction: RolloutCorrection = RolloutCorrection.none
+    rollout_correction_cap: float = 2.0  # C: tis truncates ρ_t at C; mis keeps a sample with Π_t ρ_t in [1/C, C]
+    rollout_correction_low: float = 0.5  # token_mask: ρ_t below this is masked
+    rollout_correction_high: float = 2.0  # token_mask: ρ_t above this is masked
     entropy_coef: float = 0.0  # β_H: entropy bonus (off in the paper)
     kl_coef: float = 0.0  # β_KL: k3 KL to the initial policy, kept frozen in memory (off in the paper)
     device: Device = Device.auto  # auto (CUDA if visible) | cpu | cuda; one device per torchrun rank
@@ -140,6 +158,16 @@ class LearnerConfig:
         at_least("clip_high", self.clip_high, 0)
         check(self.dual_clip > 1, "dual_clip", f"the dual-clip constant must be > 1, got {self.dual_clip}")
         positive("behaviour_weight_cap", self.behaviour_weight_cap)
+        check(
+            self.rollout_correction == RolloutCorrection.none or self.ratio != Ratio.decoupled,
+            "rollout_correction",
+            "ratio=decoupled already weights by πprox/πbehaviour: use ratio=plain with a rollout correction, "
+            f"got rollout_correction={self.rollout_correction}",
+        )
+        at_least("rollout_correction_cap", self.rollout_correction_cap, 1.0)
+        low = self.rollout_correction_low
+        check(0 < low <= 1, "rollout_correction_low", f"must be in (0, 1], got {low}")
+        at_least("rollout_correction_high", self.rollout_correction_high, 1.0)
         at_least("micro_batch_tokens", self.micro_batch_tokens, 1)
         at_least("mini_batch_samples", self.mini_batch_samples, 0)
         at_least("update_epochs", self.update_epochs, 1)

@@ -35,10 +35,20 @@ Staleness (the pipeline is asynchronous, so πθold may be k versions old): with
 where πprox is the learner's policy just before the update, and tokens with w_t above the cap
 are dropped, so a stale or tip-shifted behaviour policy corrects the gradient without feeding an
 unbounded ratio into the clip.
+
+Rollout correction (learner.rollout_correction; verl's rollout correction, Yao et al. 2025, "Your
+efficient RL framework secretly brings you off-policy RL training"; IcePop): the servers' log-probs
+differ from the learner's on the same weights (another engine, another precision) and on stale ones.
+With ρ_t = π_old(a_t|·) / π_behaviour(a_t|·), π_old the learner's policy before the update, the ratio
+is clipped against π_old and the clipped surrogate weighted, without gradient (rollout_correction):
+    tis         L_t ← min(ρ_t, C) · L_t
+    mis         L_t ← 1[1/C ≤ Π_{t∈i} ρ_t ≤ C] · L_t     (i: the token's turn sample, dropped whole)
+    token_mask  L_t ← 1[low ≤ ρ_t ≤ high] · L_t
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -88,6 +98,37 @@ def clipped_policy_loss(
         "approx_kl": ((ratio - 1) - logratio).detach(),  # k3 estimator of KL(πθold || πθ)
     }
     return pg_loss, diagnostics
+
+
+def rollout_correction(
+    old_logp: torch.Tensor,  # [N] log π_old: the learner's policy before the update (no grad)
+    behaviour_logp: torch.Tensor,  # [N] log π_behaviour: what the policy server returned
+    sample: torch.Tensor,  # [N] long: each token's turn sample (mis judges samples)
+    mode: str,  # learner.rollout_correction: none | tis | mis | token_mask
+    cap: float,  # C: learner.rollout_correction_cap
+    low: float,  # token_mask: learner.rollout_correction_low
+    high: float,  # token_mask: learner.rollout_correction_high
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight w_t [N] on L_t (no gradient) and the tokens it corrected [N] (bool), log ρ_t = log π_old − log π_b:
+        none        w_t = 1
+        tis         w_t = min(ρ_t, C)                              corrected: ρ_t > C (truncated)
+        mis         w_t = 1[−log C ≤ Σ_{t∈i} log ρ_t ≤ log C]      corrected: every token of a dropped sample i
+        token_mask  w_t = 1[low ≤ ρ_t ≤ high]                      corrected: w_t = 0
+    mis judges the sequence's ratio, the product Π_t ρ_t over the sample's tokens (verl's sequence level), not
+    the per-token geometric mean: a long response drifts further, and C bounds the whole sequence's weight."""
+    logratio = (old_logp - behaviour_logp).detach()
+    ratio = torch.exp(logratio)
+    if mode == "tis":
+        return torch.clamp(ratio, max=cap), ratio > cap
+    if mode == "mis":
+        sequence = torch.zeros(int(sample.max()) + 1 if sample.numel() else 0, device=logratio.device)
+        sequence = sequence.index_add(0, sample, logratio.float())  # log Π_t ρ_t of each sample
+        corrected = (sequence.abs() > math.log(cap))[sample]
+    elif mode == "token_mask":
+        corrected = (ratio < low) | (ratio > high)
+    else:
+        corrected = torch.zeros_like(ratio, dtype=torch.bool)
+    return (~corrected).to(ratio.dtype), corrected
 
 
 def entropy(log_softmax: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,7 @@ from learner.loss import (
     low_probability_mask,
     mask_subject,
     measured_entropy,
+    rollout_correction,
 )
 from learner.policy_model import Scored, batch_log_softmax, common_prefix, row_length, token_logprobs
 from learner.samples import TurnSample
@@ -104,8 +105,19 @@ class StepTotals:
     kl: float = _summed()  # Σ KL_t to the reference (if kl_coef)
     mismatch: float = _summed()  # Σ |log πθold − log πθ| on same-version, same-prompt tokens (mask or not)
     mismatch_tokens: int = _summed(0)
+    # the rollout correction's mismatch, ρ_t = π_old/π_behaviour on the kept tokens but HeRL's (learner/loss.py)
+    rollout_tokens: int = _summed(0)  # tokens judged
+    rollout_kl: float = _summed()  # Σ k3 of KL(π_behaviour || π_old): ρ_t − 1 − log ρ_t
+    rollout_weight: float = _summed()  # Σ w_t (1 per token under none)
+    rollout_corrected: float = _summed()  # tokens whose weight was truncated (tis) or zeroed (mis, token_mask)
+    rollout_corrected_samples: int = _summed(0)  # turn samples with a corrected token (mis: those dropped)
     ratio_max: float = _maxed()  # max r_t
     mismatch_max: float = _maxed()  # max |log πθold − log πθ|
+    rollout_logratio_max: float = _maxed()  # max |log ρ_t|
+    # p50 / p99 of |log ρ_t|, per micro-batch of a rank, maxed over micro-batches and ranks (a quantile does
+    # not all-reduce): an upper bound of the step's, as no part of a split can sit wholly below its maximum
+    rollout_logratio_p50: float = _maxed()
+    rollout_logratio_p99: float = _maxed()
 
     def add(self, other: StepTotals) -> None:
         for f in fields(self):
@@ -162,6 +174,16 @@ class StepStats:
     # the learner's resident memory after the step, its freed heap given back (learner/train.py): the
     # floor that a leak raises, where the peak follows the step's micro-batches (0: not measured)
     resident_mb: float = 0.0
+    # the servers' behaviour policy against the learner's before the update (learner.rollout_correction),
+    # ρ_t = π_old/π_behaviour on the kept tokens (HeRL's hindsight tokens aside), at every step (under none
+    # with several mini-batches and no pass of πprox, π_old is the mini-batch's weights: no pass for a metric)
+    rollout_kl_mean: float = 0.0  # k3 estimate of KL(π_behaviour || π_old) per token: ρ_t − 1 − log ρ_t
+    rollout_logratio_abs_max: float = 0.0  # max |log ρ_t|
+    rollout_logratio_abs_p50: float = 0.0  # p50 / p99 of |log ρ_t|: the largest of any micro-batch of any rank
+    rollout_logratio_abs_p99: float = 0.0
+    rollout_weight_mean: float = 0.0  # mean w_t (1 under none)
+    rollout_corrected_fraction: float = 0.0  # tokens truncated (tis) or given no gradient (mis, token_mask)
+    rollout_corrected_samples: int = 0  # sample passes with a corrected token (mis: dropped whole)
 
     @classmethod
     def from_totals(
@@ -211,6 +233,13 @@ class StepStats:
             tip_samples_trained_fraction=1.0 - totals.masked_tip_samples / (passes * tip_samples)
             if tip_samples
             else None,
+            rollout_kl_mean=totals.rollout_kl / max(totals.rollout_tokens, 1),
+            rollout_logratio_abs_max=totals.rollout_logratio_max,
+            rollout_logratio_abs_p50=totals.rollout_logratio_p50,
+            rollout_logratio_abs_p99=totals.rollout_logratio_p99,
+            rollout_weight_mean=totals.rollout_weight / max(totals.rollout_tokens, 1),
+            rollout_corrected_fraction=totals.rollout_corrected / max(totals.rollout_tokens, 1),
+            rollout_corrected_samples=totals.rollout_corrected_samples,
         )
 
 
@@ -490,13 +519,23 @@ def micro_batch_loss(
         return logp.detach() if pre_scored is None else torch.cat(pre_scored or [torch.zeros(1)]).to(device)[keep]
 
     # decoupled PPO: the proximal policy is the weights before the batch's first update
-    proximal_logp = before_update_logp() if cfg.ratio == "decoupled" else None
+    old_logp = before_update_logp()
+    proximal_logp = old_logp if cfg.ratio == "decoupled" else None
     clip = ClipConfig(cfg.clip_low, cfg.clip_high, cfg.dual_clip)
-    # L_t = clipped surrogate (dual clip) [× w_t, decoupled] − β_H · H_t + β_KL · KL_t
-    loss, diag = clipped_policy_loss(logp, behaviour_logp, advantages, clip, proximal_logp, cfg.behaviour_weight_cap)
+    hindsight = torch.repeat_interleave(torch.tensor([s.hindsight for s in batch], device=device), lengths)[keep]
+    # rollout correction: w_t from ρ_t = π_old/π_behaviour (HeRL's hindsight samples aside: ρ_t = 1), and the
+    # ratio clipped against π_old
+    token_sample = torch.repeat_interleave(torch.arange(len(batch), device=device), lengths)[keep]
+    weight, corrected = rollout_correction(
+        old_logp, torch.where(hindsight, old_logp, behaviour_logp), token_sample, cfg.rollout_correction,
+        cfg.rollout_correction_cap, cfg.rollout_correction_low, cfg.rollout_correction_high,
+    )  # fmt: skip
+    anchor_logp = behaviour_logp if cfg.rollout_correction == "none" else old_logp
+    # L_t = clipped surrogate (dual clip) [× w_t, decoupled] [× w_t, rollout correction] − β_H · H_t + β_KL · KL_t
+    loss, diag = clipped_policy_loss(logp, anchor_logp, advantages, clip, proximal_logp, cfg.behaviour_weight_cap)
+    loss = loss * weight
     # HeRL's hindsight tokens: −A·ρ/(ρ+γ), unclipped, ρ against πold: the weights before the update, on the
     # prompt they are trained on
-    hindsight = torch.repeat_interleave(torch.tensor([s.hindsight for s in batch], device=device), lengths)[keep]
     if bool(hindsight.any()):
         if hindsight_gamma is None:
             raise ValueError("hindsight samples in a batch, but no hindsight_gamma (herl.gamma) given")
@@ -521,9 +560,36 @@ def micro_batch_loss(
         mismatch_tokens=sum(g.numel() for g in gaps),
         ratio_max=float(diag["ratio"].max()) if logp.numel() else 0.0,
         mismatch_max=max((float(g.max()) for g in gaps), default=0.0),
+        **rollout_totals(old_logp, behaviour_logp, weight, corrected, token_sample, ~hindsight),
         **{name: float(value.detach().float().sum()) for name, value in diag.items()},
     )
     return loss, totals
+
+
+def rollout_totals(
+    old_logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    weight: torch.Tensor,
+    corrected: torch.Tensor,
+    sample: torch.Tensor,
+    judged: torch.Tensor,
+) -> dict[str, float]:
+    """A micro-batch's StepTotals of the rollout correction ([N] each, over the kept tokens; `judged`: all but
+    HeRL's): KL(π_behaviour || π_old) by k3 on the sampled tokens (a_t ~ π_behaviour), |log ρ_t|'s maximum and
+    quantiles, the weights and the tokens and samples corrected."""
+    logratio = (old_logp - behaviour_logp)[judged].float()
+    gap = logratio.abs()
+    p50, p99 = torch.quantile(gap, torch.tensor([0.5, 0.99], device=gap.device)).tolist() if gap.numel() else (0, 0)
+    return dict(
+        rollout_tokens=int(gap.numel()),
+        rollout_kl=float(kl_k3(behaviour_logp[judged].float(), old_logp[judged].float()).sum()),
+        rollout_weight=float(weight[judged].sum()),
+        rollout_corrected=float(corrected[judged].sum()),
+        rollout_corrected_samples=int(sample[judged & corrected].unique().numel()),
+        rollout_logratio_max=float(gap.max()) if gap.numel() else 0.0,
+        rollout_logratio_p50=float(p50),
+        rollout_logratio_p99=float(p99),
+    )
 
 
 def optimizer_step(model, optimizer, kept_tokens: int, max_grad_norm: float) -> bool:
@@ -586,7 +652,8 @@ def train_step(
             budget,
             tipfree_mask=cfg.low_prob_mask == "tip_rollouts",
             # πprox (decoupled PPO) and HeRL's πold: the weights before the first step
-            proximal=(cfg.ratio == "decoupled" or any(s.hindsight for s in samples)) and len(plan) > 1,
+            proximal=(cfg.ratio == "decoupled" or cfg.rollout_correction != "none" or any(s.hindsight for s in samples))
+            and len(plan) > 1,
             segs=[list(seg) for seg in mine],
             share=share,
         )

@@ -40,8 +40,15 @@ SUMS = dict(
     kl=0.35,
     mismatch=1.5,
     mismatch_tokens=3,
+    rollout_tokens=6,
+    rollout_kl=0.12,
+    rollout_weight=5.4,
+    rollout_corrected=1.0,
+    rollout_corrected_samples=1,
 )
-MAXIMA = dict(ratio_max=1.4, mismatch_max=0.9)
+MAXIMA = dict(
+    ratio_max=1.4, mismatch_max=0.9, rollout_logratio_max=0.8, rollout_logratio_p50=0.1, rollout_logratio_p99=0.7
+)
 
 
 def _totals(scale: float = 1.0) -> StepTotals:
@@ -104,6 +111,11 @@ def test_step_stats_from_totals_gives_token_means():
     assert stats.logprob_mismatch_mean_nats == pytest.approx(0.5)
     assert (stats.tokens, stats.samples_masked, stats.mismatch_tokens) == (7, 2, 3)
     assert (stats.ratio_max, stats.logprob_mismatch_max_nats) == (1.4, 0.9)
+    # the rollout correction's over its own 6 tokens (HeRL's aside); maxima and counts as they are
+    assert stats.rollout_kl_mean == pytest.approx(0.02) and stats.rollout_weight_mean == pytest.approx(0.9)
+    assert stats.rollout_corrected_fraction == pytest.approx(1 / 6) and stats.rollout_corrected_samples == 1
+    assert stats.rollout_logratio_abs_max == 0.8
+    assert (stats.rollout_logratio_abs_p50, stats.rollout_logratio_abs_p99) == (0.1, 0.7)
     assert stats.samples == 5 and stats.lr == 3e-6
     assert stats.advantage_abs_mean == pytest.approx(0.8)  # every sample's |A|, masked or not
     assert stats.zero_advantage_fraction == pytest.approx(1 / 5)  # the sample of an all-equal group
