@@ -120,7 +120,7 @@ def test_empo2_config_profile_paper_shows_the_papers_values(tmp_path):
 def test_empo2_config_refuses_a_bad_value_with_exit_2(tmp_path):
     rc, out, err = _finish(_start([str(BIN / "empo2-config"), "profile=nope"], tmp_path))
     assert rc == 2 and out == ""
-    assert err.strip() == "empo2-config: bad configuration: profile: no 'nope' in conf/profile/; one of cpu, e2e, paper"
+    assert err.strip() == "empo2-config: bad configuration: profile: no 'nope' in conf/profile/; one of cpu, cpu_learn, e2e, paper"
 
 
 @pytest.mark.parametrize("override", ["++learner.lrr=5", "+learner.lrr=5"])
