@@ -336,6 +336,14 @@ class LearnerMetrics(RoleMetrics):
                 "push_backlog": "Background pushes: policy servers that have not confirmed the newest version",
                 "logprob_mismatch_mean_nats": "Mean |vLLM - learner| log-prob on same-version on-policy tokens",
                 "logprob_mismatch_max_nats": "Max |vLLM - learner| log-prob on same-version on-policy tokens",
+                # the rollout correction (learner.rollout_correction), rho = pi_old/pi_behaviour on the kept tokens
+                "rollout_kl_mean": "k3 estimate of KL(behaviour || learner before the update) per token, last step",
+                "rollout_logratio_abs_max": "Max |log pi_old - log pi_behaviour| over the last step's tokens",
+                "rollout_logratio_abs_p50": "p50 of |log pi_old - log pi_behaviour| (the largest micro-batch's)",
+                "rollout_logratio_abs_p99": "p99 of |log pi_old - log pi_behaviour| (the largest micro-batch's)",
+                "rollout_weight_mean": "Rollout correction: mean weight on the loss (1 under none)",
+                "rollout_corrected_fraction": "Rollout correction: fraction of tokens truncated (tis) or given no "
+                "gradient (mis, token_mask)",
                 "staleness_mean_versions": "Mean policy-version lag of the batch",
                 "episode_score_mean": "Mean final score of the batch's episodes",
                 "lr": "Learning rate of the last step",

@@ -264,6 +264,22 @@ PANELS = [
         ],
     ),
     (
+        "Rollout correction: KL(behaviour || learner), |log rho| p50 / p99 / max, mean weight",
+        "none",
+        [
+            "empo2_learner_rollout_kl_mean",
+            "empo2_learner_rollout_logratio_abs_p50",
+            "empo2_learner_rollout_logratio_abs_p99",
+            "empo2_learner_rollout_logratio_abs_max",
+            "empo2_learner_rollout_weight_mean",
+        ],
+    ),
+    (
+        "Rollout correction: tokens truncated or masked",
+        "percentunit",
+        ["empo2_learner_rollout_corrected_fraction"],
+    ),
+    (
         "Entropy / KL / |advantage|",
         "none",
         ["empo2_learner_entropy_mean", "empo2_learner_kl_mean", "empo2_learner_advantage_abs_mean"],
