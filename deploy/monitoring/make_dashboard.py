@@ -408,7 +408,7 @@ def panel_metric_names(expr: str) -> tuple[set[str], list[str]]:
     """The metric names a PromQL expression reads, and its `__name__=~` regexes (label values and
     recording-rule names, which hold a colon, are not metric names)."""
     regexes = re.findall(r'__name__=~"([^"]*)"', expr)
-    names = set(re.findall(r"\b(?:empo2_[a-z_]+|vllm:[a-z_:]+)\b", re.sub(r'"[^"]*"', "", expr)))
+    names = set(re.findall(r"\b(?:empo2_[a-z0-9_]+|vllm:[a-z0-9_:]+)\b", re.sub(r'"[^"]*"', "", expr)))
     return names, regexes
 
 
