@@ -589,7 +589,8 @@ def diagnostics(run_dir: Path) -> dict:
             best = "SELECT tip, MAX(score) AS best FROM entries GROUP BY tip ORDER BY best DESC, MIN(id) LIMIT ?"
             out["distinct_tips"] = db.execute("SELECT COUNT(DISTINCT tip) FROM entries").fetchone()[0]
             out["tips"] = [{"score": score, "tip": tip} for tip, score in db.execute(best, (TIP_SAMPLES,))]
-    checkpoints = sorted((run_dir / "checkpoints").glob("step_*/model.safetensors"))
+    # step_N/model/ (learner/checkpoint.py), or step_N/ itself in runs written before
+    checkpoints = sorted((run_dir / "checkpoints").glob("step_*/**/model.safetensors"))
     if checkpoints:
         out["weight_change_relative"] = weight_change(Path(resolve_model(EMBEDDED_MODEL)), checkpoints[-1])
     for key in METHOD_STEP_MEANS:

@@ -40,10 +40,12 @@ def resolve_model(model: str, cache_dir: str | Path | None = None) -> str:
     """Map a configured model name to something `from_pretrained` and vLLM can load.
 
     `embedded:SmolLM2-135M-Instruct` -> the converted local checkpoint (converted on first use);
-    anything else (an HF directory or hub name) is returned unchanged.
+    a learner checkpoint (<run_dir>/checkpoints/step_N, learner/checkpoint.py) -> its HF directory step_N/model;
+    anything else (an HF directory, an older checkpoint, or hub name) is returned unchanged.
     """
     if model != EMBEDDED_MODEL:
-        return model
+        checkpoint_model = Path(model) / "model"
+        return str(checkpoint_model) if (checkpoint_model / "config.json").is_file() else model
     out = Path(cache_dir or default_cache_dir()) / "models" / "SmolLM2-135M-Instruct"
     if not (out / _DONE_MARKER).exists():
         convert_embedded_model(out)

@@ -83,16 +83,21 @@ def resolve_policy(cfg: PipelineConfig) -> PolicyChoice:
     if choice == "base":
         return PolicyChoice("base", cfg.model.name)
     if choice == "latest":
-        from learner.checkpoint import list_checkpoints  # torch: only when a checkpoint is scored
+        from learner.checkpoint import list_checkpoints, model_dir  # torch: only when a checkpoint is scored
 
         found = list_checkpoints(Path(cfg.run_dir) / "checkpoints")
         if not found:
             raise EvalError(f"eval.policy=latest: no complete checkpoint in {Path(cfg.run_dir) / 'checkpoints'}")
-        return PolicyChoice(found[-1].name, str(found[-1].resolve()))
-    path = Path(choice)
-    if not (path / "config.json").exists():
+        return PolicyChoice(found[-1].name, str(model_dir(found[-1]).resolve()))
+    from learner.checkpoint import model_dir
+
+    path = Path(choice).resolve()
+    model = model_dir(path)  # a checkpoint (step_N/model, or the older step_N with the weights) or an HF directory
+    if not (model / "config.json").exists():
         raise EvalError(f"eval.policy={choice}: not a checkpoint directory (no config.json); use base, latest or one")
-    return PolicyChoice(path.resolve().name, str(path.resolve()))
+    # named after the checkpoint (step_N) also when given its model directory
+    label = path.parent.name if path.name == "model" and path.parent.name.startswith("step_") else path.name
+    return PolicyChoice(label, str(model))
 
 
 def eval_tasks(cfg: PipelineConfig) -> list[str]:

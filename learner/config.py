@@ -131,8 +131,11 @@ class LearnerConfig:
     gigpo_gamma: float = 0.95  # discount of the step-level returns
     gigpo_step_weight: float = 1.0  # w in A = A_episode + w * A_step
     gigpo_step_norm: GigpoStepNorm = GigpoStepNorm.std  # std | mean (mean-only) within an anchor group
-    checkpoint_every: int = 0  # 0 = only at the end
-    keep_checkpoints: int = 3  # retention: the newest N complete checkpoints are kept
+    checkpoint_every: int = 0  # also every N steps (0 = by time only, and at the end)
+    # also after the first step this long after the last checkpoint (or the start): a crash repeats at most
+    # this much work plus a step; 0 = off. Long runs checkpoint without being told; a short run writes only its final one
+    checkpoint_every_s: float = 1800.0
+    keep_checkpoints: int = 3  # retention: the newest N complete checkpoints (model dir and trainer state)
     resume: bool = True  # start from the newest checkpoint in run_dir/checkpoints, if any
     push_timeout_s: float = 300.0  # one weight push to one server, until it reports the version live
     push_attempts: int = 3  # a push that times out (a hung server) is sent again, this many tries in all
@@ -178,6 +181,7 @@ class LearnerConfig:
             at_least(name, getattr(self, name), 1)
         at_least("rnd_updates", self.rnd_updates, 0)
         at_least("checkpoint_every", self.checkpoint_every, 0)
+        at_least("checkpoint_every_s", self.checkpoint_every_s, 0.0)
         at_least("keep_checkpoints", self.keep_checkpoints, 1)
         positive("push_timeout_s", self.push_timeout_s)
         at_least("push_attempts", self.push_attempts, 1)

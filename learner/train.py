@@ -40,7 +40,7 @@ from common.model_prep import resolve_model
 from common.process import release_free_heap, run_role, status_mb
 from learner import distributed
 from learner.advantages import CountBonus, IntrinsicReward
-from learner.checkpoint import list_checkpoints, load_trainer_state, save_checkpoint
+from learner.checkpoint import list_checkpoints, load_trainer_state, model_dir, save_checkpoint
 from learner.config import LearnerConfig
 from learner.exploration import exploration_stats
 from learner.lean_activations import lean_activations
@@ -87,14 +87,17 @@ class Trainer:
         self.herl = herl if herl is not None and herl.enabled else None
         self.memory_in_use, self.seed = memory_in_use, seed
         self.device = distributed.init(cfg.device)
-        self.model, self.tokenizer = load_policy(model_path, self.device)  # HF names, config, save_pretrained
+        # HF names, config, save_pretrained; from a checkpoint's model directory (either layout) or an HF directory
+        self.model, self.tokenizer = load_policy(str(model_dir(model_path)), self.device)
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         # the KL reference is the policy the run started from (frozen), also after a resume
         self.ref = None
         if cfg.kl_coef:
             fresh = reference_path in (None, model_path)
-            reference = copy.deepcopy(self.model) if fresh else load_policy(reference_path, self.device)[0]
+            reference = (
+                copy.deepcopy(self.model) if fresh else load_policy(str(model_dir(reference_path)), self.device)[0]
+            )
             self.ref = self._sharded(reference.eval().requires_grad_(False))
         if cfg.lora_rank:  # the base frozen, adapters trained and pushed (learner/lora.py)
             self.model = apply_lora(self.model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
@@ -230,7 +233,7 @@ class Learner:
         resume_from = list_checkpoints(self.checkpoints)[-1:] if self.lcfg.resume else []
         # a LoRA run resumes from the base model plus the adapter in the trainer state, else from the checkpoint's weights
         base_model = resolve_model(run.model.name, run.model.cache_dir or None)
-        self.model_path = str(resume_from[0]) if resume_from and not self.lcfg.lora_rank else base_model
+        self.model_path = str(model_dir(resume_from[0])) if resume_from and not self.lcfg.lora_rank else base_model
         # "memory in use" is a property of the run (the paper masks whenever p > 0), derived once by
         # pipeline/ (RunFacts) rather than guessed from each batch's modes or restated as a learner key
         self.trainer = Trainer(
@@ -249,6 +252,7 @@ class Learner:
         self.saved = (self.version, str(resume_from[0]) if self.is_rank0 else "") if resume_from else (-1, "")
         self.history: list[dict] = []
         self._started = self._last_publish = time.time()  # the metrics log's wall clock
+        self._last_checkpoint = time.monotonic()  # learner.checkpoint_every_s counts from here (rank 0's clock)
         self._next_catch_up = 0.0  # monotonic time of the next catch-up (catch_up)
         self.background: BackgroundPushes | None = None  # rank 0's, below
         if not self.is_rank0:
@@ -307,7 +311,7 @@ class Learner:
             # restarted learner resumes after. Pushed first, a learner killed before its checkpoint
             # left the servers a version it no longer had, and its resumed self pushed them back to
             # the one before (the chaos soak: v8, then v7 again).
-            if self.lcfg.checkpoint_every and self.version % self.lcfg.checkpoint_every == 0:
+            if self.checkpoint_due():
                 with timer.phase("checkpoint"):
                     self.save_checkpoint()
             if self.is_rank0:  # used: the buffer may forget its groups (unconfirmed, they are served again)
@@ -491,12 +495,23 @@ class Learner:
             },
         }
 
+    def checkpoint_due(self) -> bool:
+        """After a step: every learner.checkpoint_every steps, or when learner.checkpoint_every_s have
+        passed since the last checkpoint (or the start). Rank 0's clock decides for every rank: all take part."""
+        if self.lcfg.checkpoint_every and self.version % self.lcfg.checkpoint_every == 0:
+            return True
+        if not self.lcfg.checkpoint_every_s:
+            return False
+        late = self.is_rank0 and time.monotonic() - self._last_checkpoint >= self.lcfg.checkpoint_every_s
+        return distributed.all_reduce([float(late)])[0] > 0
+
     def save_checkpoint(self) -> str:
         """Every rank takes part; rank 0 writes it and gets its path ("" elsewhere). A version
         already on disk (resumed from, or written by a weight_sync.method=checkpoint push) is not rewritten."""
         if self.saved[0] != self.version:
             path = self.trainer.save_checkpoint(self.checkpoints, self.lcfg.keep_checkpoints)
             self.saved = (self.version, str(path) if path else "")
+            self._last_checkpoint = time.monotonic()
         return self.saved[1]
 
     def finish(self) -> dict:

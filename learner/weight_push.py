@@ -32,6 +32,7 @@ import zmq
 
 from common.config import WeightSyncConfig
 from common.heartbeat import beat
+from learner.checkpoint import model_dir
 from learner.lora import adapter_tensors, is_lora
 from protocol import Client, RemoteError, RequestTimeout
 from protocol.messages import (
@@ -339,7 +340,7 @@ class WeightPusher:
     def push_checkpoint(self, checkpoint_dir: Path, version: int, clients: list[Client] | None = None) -> PushTiming:
         """checkpoint: the servers (every one, or `clients`) load the model file of a checkpoint the
         learner wrote."""
-        path = Path(checkpoint_dir) / "model.safetensors"
+        path = model_dir(checkpoint_dir) / "model.safetensors"
         if not path.is_file():
             raise RuntimeError(
                 f"{checkpoint_dir} has no single model.safetensors (sharded checkpoints are not supported by weight_sync=checkpoint)"

@@ -139,7 +139,7 @@ def sft(cfg: PipelineConfig) -> Path:
         raise SystemExit(f"[spa sft] no collected episodes in {root / EPISODES_FILE}: run `empo2-spa collect` first")
     device = sft_device(spa.device)
     checkpoints = list_checkpoints(root / "sft")
-    start_path = str(checkpoints[-1]) if checkpoints else resolve_model(cfg.model.name, cfg.model.cache_dir or None)
+    start_path = resolve_model(str(checkpoints[-1]) if checkpoints else cfg.model.name, cfg.model.cache_dir or None)
     model, tokenizer = load_policy(start_path, device)
     builder = PromptBuilder(tokenizer, cfg.env_actor.history_window, spa.max_length - spa.max_turn_tokens)
     seqs = sequences(sorted(records, key=lambda r: r["seed"]), builder, cfg)

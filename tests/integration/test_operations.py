@@ -391,7 +391,7 @@ def test_the_run_reaches_its_step_target(run, capsys):
     assert summary["learner_steps"] == version and summary["server_versions_at_end"] == [version]
     assert summary["memory_entries"] > 0 and summary["reflections"] > 0  # the memory stored tips...
     assert summary["memories_retrieved"] > 0 and summary["tips_shown"] > 0  # ...and returned them into prompts
-    assert (run.run_dir / "checkpoints" / f"step_{version:06d}" / "model.safetensors").exists()
+    assert (run.run_dir / "checkpoints" / f"step_{version:06d}" / "model" / "model.safetensors").exists()
     logs = {p.stem: p.read_text(errors="replace") for p in (run.run_dir / "logs").glob("*.log")}
     assert f"step {version}: loss=" in logs["learner"]
     assert f"policy version {version} live" in logs["policy_server0"]

@@ -11,6 +11,7 @@ import pytest
 from evaluation.eval import (
     EpisodeLog,
     EvalError,
+    PolicyChoice,
     check_settings,
     episode_key,
     markdown_table,
@@ -95,10 +96,11 @@ def test_a_resume_with_other_settings_is_refused(tmp_path):
         check_settings(tmp_path, {"temperature": 1.0, "policy": "base"})
 
 
-def _checkpoint(root: Path, name: str, complete: bool = True) -> Path:
+def _checkpoint(root: Path, name: str, complete: bool = True, old_layout: bool = False) -> Path:
+    """step_N/model/ (the HF directory) beside step_N/trainer_state.pt; old_layout: both in step_N/."""
     path = root / "checkpoints" / name
-    path.mkdir(parents=True)
-    (path / "config.json").write_text("{}")
+    (path if old_layout else path / "model").mkdir(parents=True)
+    (path if old_layout else path / "model").joinpath("config.json").write_text("{}")
     if complete:
         (path / "trainer_state.pt").write_bytes(b"")
     return path
@@ -110,10 +112,15 @@ def test_resolve_policy_base_latest_and_a_directory(tmp_path):
     cfg.eval.policy = "latest"
     with pytest.raises(EvalError, match="no complete checkpoint"):
         resolve_policy(cfg)
-    _checkpoint(tmp_path, "step_000002")
+    _checkpoint(tmp_path, "step_000002", old_layout=True)  # a run written before the model/ directory
     _checkpoint(tmp_path, "step_000004")
     _checkpoint(tmp_path, "step_000006", complete=False)  # being written: not the latest
     assert resolve_policy(cfg).label == "step_000004"
+    four = (tmp_path / "checkpoints" / "step_000004").resolve()
+    assert resolve_policy(cfg).model == str(four / "model")  # the servers load the HF directory
+    for given in (four, four / "model"):  # the checkpoint or its model directory: named after the step
+        cfg.eval.policy = str(given)
+        assert resolve_policy(cfg) == PolicyChoice("step_000004", str(four / "model"))
     cfg.eval.policy = str(tmp_path / "checkpoints" / "step_000002")
     assert resolve_policy(cfg).model == str((tmp_path / "checkpoints" / "step_000002").resolve())
     cfg.eval.policy = str(tmp_path)

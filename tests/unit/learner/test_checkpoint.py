@@ -10,7 +10,8 @@ import torch
 from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from learner.checkpoint import list_checkpoints, load_trainer_state, save_checkpoint
+from common.model_prep import resolve_model
+from learner.checkpoint import list_checkpoints, load_trainer_state, model_dir, save_checkpoint
 from learner.config import LearnerConfig
 from learner.optim import build_optimizer
 from learner.samples import TurnSample
@@ -70,7 +71,7 @@ def test_resumed_step_equals_uninterrupted_step(tmp_path, k):
     assert uninterrupted.lr != lrs[-1]  # the schedule moves at the resumed step (warm-up at k=1, decay at k=3)
 
     (path,) = list_checkpoints(tmp_path)
-    resumed_model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)
+    resumed_model = LlamaForCausalLM.from_pretrained(model_dir(path), dtype=torch.float32)
     resumed_optimizer, resumed_scheduler = build_optimizer(resumed_model.parameters(), CFG)
     assert load_trainer_state(path, {"optimizer": resumed_optimizer, "scheduler": resumed_scheduler}) == k
     resumed = train_step(resumed_model, resumed_optimizer, _samples(k), CFG, version=k, scheduler=resumed_scheduler)
@@ -95,6 +96,72 @@ def test_retention_keeps_the_newest_complete_checkpoints(tmp_path):
         )
     (tmp_path / "step_000009").mkdir()  # incomplete (no trainer state): never listed
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000003", "step_000004"]
+    # both parts of a dropped checkpoint go: nothing of steps 1 and 2 is left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000003", "step_000004", "step_000009"]
+
+
+def test_the_model_directory_is_a_clean_hf_directory_beside_the_trainer_state(tmp_path):
+    model = _model()
+    optimizer, scheduler = build_optimizer(model.parameters(), CFG)
+    path = save_checkpoint(
+        tmp_path, 7, model, _tokenizer(), {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, 1
+    )
+    assert (path / "trainer_state.pt").is_file() and model_dir(path) == path / "model"
+    files = {p.name for p in (path / "model").iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= files and "trainer_state.pt" not in files
+    assert resolve_model(str(path)) == str(path / "model")  # model.name=<checkpoint> serves its model directory
+
+
+def _old_layout(root, version: int, model, states: dict):
+    """A checkpoint as runs before wrote it: the trainer state inside the HF directory."""
+    import random
+
+    old = root / f"step_{version:06d}"
+    model.save_pretrained(old, safe_serialization=True)
+    _tokenizer().save_pretrained(old)
+    rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    torch.save({"version": version, "stateful": states, "rng": rng}, old / "trainer_state.pt")
+    return old
+
+
+def test_a_checkpoint_of_the_older_layout_still_resumes(tmp_path):
+    model = _model()
+    optimizer, scheduler = build_optimizer(model.parameters(), CFG)
+    train_step(model, optimizer, _samples(0), CFG, 0, scheduler=scheduler)
+    old = _old_layout(tmp_path, 1, model, {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()})
+    assert list_checkpoints(tmp_path) == [old] and model_dir(old) == old and resolve_model(str(old)) == str(old)
+    resumed = LlamaForCausalLM.from_pretrained(model_dir(old), dtype=torch.float32)
+    resumed_optimizer, resumed_scheduler = build_optimizer(resumed.parameters(), CFG)
+    assert load_trainer_state(old, {"optimizer": resumed_optimizer, "scheduler": resumed_scheduler}) == 1
+    for a, b in zip(model.state_dict().values(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b)
+
+
+def test_export_writes_an_hf_directory_transformers_loads_with_the_same_logits(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from learner.export import export_checkpoint, main
+    from learner.policy_model import response_logprobs
+    from learner.train import Trainer
+    from tests.factories import mixed_group, save_tiny_model
+
+    base = save_tiny_model(tmp_path / "base", initializer_range=0.2)
+    trainer = Trainer(LearnerConfig(lr=1e-2, total_steps=2, device="cpu"), base, seed=0)
+    trainer.step(mixed_group(0))
+    path = trainer.save_checkpoint(tmp_path / "run" / "checkpoints", keep_last=1)
+    out = export_checkpoint(tmp_path / "run", tmp_path / "exported")  # a run directory: its newest checkpoint
+    assert "trainer_state.pt" not in {p.name for p in out.iterdir()}
+    exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    prompt, response = torch.tensor([3, 7, 11, 5]), torch.tensor([9, 2])
+    with torch.no_grad():  # the trained policy's log-probs (its logits at the response) from the export
+        torch.testing.assert_close(
+            response_logprobs(exported, prompt, response), response_logprobs(trainer.scorer, prompt, response)
+        )
+    assert main([str(path), str(out)]) == 2  # a non-empty OUT is refused
+    old = _old_layout(tmp_path / "old", 3, exported, {})
+    assert main([str(old), str(tmp_path / "from_old")]) == 0
+    assert "trainer_state.pt" not in {p.name for p in (tmp_path / "from_old").iterdir()}
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "from_old").config.vocab_size == 40
 
 
 def test_with_a_kl_term_the_resumed_trainer_keeps_the_runs_initial_policy_as_its_reference(tmp_path):
@@ -123,3 +190,25 @@ def test_with_a_kl_term_the_resumed_trainer_keeps_the_runs_initial_policy_as_its
         torch.testing.assert_close(weights[name], value, rtol=0, atol=0)
     wrong, _ = resumed(str(path))  # the checkpoint as reference: KL 0 where the run had moved
     assert wrong.kl_mean != uninterrupted.kl_mean
+
+
+def test_a_long_run_checkpoints_by_time_without_being_told():
+    """learner.checkpoint_every_s (on by default): the first step past the interval since the last
+    checkpoint writes one, so a crash repeats at most that much work; 0 turns it off."""
+    import time
+    from types import SimpleNamespace
+
+    from learner import distributed
+    from learner.train import Learner
+
+    distributed.init("cpu")
+    interval = LearnerConfig().checkpoint_every_s
+    assert LearnerConfig().checkpoint_every == 0 and 0 < interval <= 3600
+    learner = SimpleNamespace(lcfg=LearnerConfig(), version=5, is_rank0=True, _last_checkpoint=time.monotonic())
+    assert not Learner.checkpoint_due(learner)
+    learner._last_checkpoint -= interval
+    assert Learner.checkpoint_due(learner)
+    learner.lcfg = LearnerConfig(checkpoint_every_s=0)
+    assert not Learner.checkpoint_due(learner)
+    learner.lcfg = LearnerConfig(checkpoint_every=5, checkpoint_every_s=0)
+    assert Learner.checkpoint_due(learner)

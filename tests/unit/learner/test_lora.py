@@ -9,6 +9,7 @@ from transformers import LlamaForCausalLM
 
 from learner.checkpoint import list_checkpoints
 from learner.config import LearnerConfig
+from learner.export import export_checkpoint
 from learner.policy_model import response_logprobs
 from learner.train import Trainer
 from learner.weight_push import weight_tensors
@@ -59,7 +60,8 @@ def test_checkpoint_is_the_merged_policy_and_resumes_the_adapter(base_dir, tmp_p
     trainer.step(mixed_group(1))
     path = trainer.save_checkpoint(tmp_path, keep_last=1)
     assert list_checkpoints(tmp_path) == [path]
-    merged = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)  # a plain HF model: what vLLM would load
+    exported = export_checkpoint(path, tmp_path / "exported")  # empo2-export: the model directory alone
+    merged = LlamaForCausalLM.from_pretrained(exported, dtype=torch.float32)  # a plain HF model: what vLLM would load
     prompt, response = torch.tensor([3, 7, 11, 5]), torch.tensor([9, 2])
     with torch.no_grad():
         torch.testing.assert_close(

@@ -63,7 +63,8 @@ def test_sft_lowers_the_held_out_loss_saves_a_loadable_checkpoint_and_resumes(tm
     assert [e["epoch"] for e in report["epochs"]] == [1, 2] and first.name == "step_000002"
     assert report["epochs"][-1]["held_out"]["loss"] < report["before"]["loss"] - 2.0  # nats per token
     assert report["before"]["predictions"] == 2 * 3  # 2 held-out episodes (20% of 10), 3 turns each
-    model, _ = load_policy(str(first), "cpu")  # an HF directory, as the learner (and vLLM) load it
+    # its HF directory (step_N/model), as model.name=<it> resolves for the learner (and vLLM)
+    model, _ = load_policy(resolve_model(str(first)), "cpu")
     assert model.config.vocab_size > 40000
     again = sft(load_config([*overrides, "spa.epochs=3"]))  # resumes after epoch 2
     report = json.loads((run / "spa" / REPORT).read_text())
