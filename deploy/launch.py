@@ -311,14 +311,16 @@ class Launcher:
     def restarts(self) -> dict[str, int]:
         return {c.name: c.restarts for c in self.children}
 
-    def progress(self) -> dict[str, float]:
+    def progress(self) -> dict:
+        """The run's counts from the roles' metrics, as integers (a role not answering counts 0; a
+        server not answering has version -1)."""
         m, host = self.cfg.metrics, self.cfg.metrics.host
         learner = scrape(host, m.port("learner"))
         buffer = scrape(host, m.port("replay_buffer"))
         memory = scrape(host, m.port("memory_service"))
         servers = [scrape(host, m.port("policy_server", i)) for i in range(len(self.cfg.endpoints.policy_servers))]
         actors = [scrape(host, m.port("env_actor", c.spec.index)) for c in self.children if c.spec.kind == "env_actor"]
-        return {
+        counts = {
             "learner_steps": total(learner, "empo2_learner_steps_total"),
             "episodes": total(buffer, "empo2_replay_buffer_trajectories_accepted_total"),
             "groups_ready": total(buffer, "empo2_replay_buffer_groups_ready"),
@@ -334,6 +336,8 @@ class Launcher:
             "memory_fallbacks": sum(total(a, "empo2_env_actor_memory_fallbacks_total") for a in actors),
             "env_steps": sum(total(a, "empo2_env_actor_env_steps_total") for a in actors),
         }
+        # every one a count: episodes 9 and versions [-1], not 9.0 and [-1.0] (Prometheus' floats)
+        return {k: [int(x) for x in v] if isinstance(v, list) else int(v) for k, v in counts.items()}
 
     def wait(self) -> str:
         """Supervise until the learner exits 0 ('done'), a role spends its restart budget or time
@@ -341,6 +345,7 @@ class Launcher:
         deadline = time.monotonic() + self.cfg.launch.timeout_s
         t0 = time.monotonic()
         next_report = t0
+        rate = StepRate()
         while True:
             self.follow_scale_request(time.monotonic())
             outcome = self.supervise(time.monotonic())
@@ -349,14 +354,10 @@ class Launcher:
             if time.monotonic() > deadline:
                 return f"failed: timeout after {self.cfg.launch.timeout_s:.0f}s"
             if time.monotonic() >= next_report:
-                p = self.progress()
-                print(
-                    f"[launch] {time.monotonic() - t0:6.0f}s  servers ready {p['servers_ready']:.0f}, versions {p['server_versions']}  "
-                    f"episodes {p['episodes']:.0f}  learner steps {p['learner_steps']:.0f}/{self.cfg.learner.total_steps}  "
-                    f"memory entries {p['memory_entries']:.0f}  tokens generated {p['generated_tokens']:.0f}  "
-                    f"restarts {sum(self.restarts().values())}",
-                    flush=True,
-                )
+                p, now = self.progress(), time.monotonic()
+                eta = rate.eta_s(now, p["learner_steps"], self.cfg.learner.total_steps)
+                line = progress_line(now - t0, p, self.cfg.learner.total_steps, eta, sum(self.restarts().values()))
+                print(line, flush=True)
                 next_report += self.cfg.launch.progress_every_s
             time.sleep(0.5)
 
@@ -375,6 +376,47 @@ class Launcher:
             print(f"[launch] removed the leftover {path}", flush=True)
         self.write_state()
         self.metrics.close()
+
+
+class StepRate:
+    """The learner's pace as the launcher sees it, for the progress line's ETA: measured from the
+    first step seen taken (so the start-up, the model load and the first batch's rollouts are not in
+    it; a resumed run counts from its own first step) to the newest."""
+
+    def __init__(self) -> None:
+        self.first: int | None = None  # the step count at the first look
+        self.start: tuple[float, int] | None = None  # (time, steps) when a step was first seen taken
+
+    def eta_s(self, now: float, steps: int, total_steps: int) -> float | None:
+        """Seconds until total_steps at the rate so far; None until two steps were seen taken."""
+        if self.first is None:
+            self.first = steps
+        if self.start is None and steps > self.first:
+            self.start = (now, steps)
+        if steps >= total_steps:
+            return 0.0
+        if self.start is None or steps <= self.start[1]:
+            return None
+        return (total_steps - steps) * (now - self.start[0]) / (steps - self.start[1])
+
+
+def duration(seconds: float) -> str:
+    """4h05m, 12m30s, 45s."""
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def progress_line(elapsed: float, p: dict, total_steps: int, eta: float | None, restarts: int) -> str:
+    """The line empo2-run prints every launch.progress_every_s (15 s): counts as integers, and the
+    ETA of the learner's last step at its rate so far (StepRate; "ETA --" until it has one)."""
+    eta_text = "--" if eta is None else duration(eta)
+    return (
+        f"[launch] {elapsed:6.0f}s  servers ready {p['servers_ready']}, versions {p['server_versions']}  "
+        f"episodes {p['episodes']}  learner steps {p['learner_steps']}/{total_steps} (ETA {eta_text})  "
+        f"memory entries {p['memory_entries']}  tokens generated {p['generated_tokens']}  restarts {restarts}"
+    )
 
 
 def tips_note(final: dict, history: list[dict], p_memory: float) -> str:
