@@ -84,8 +84,8 @@ class LearnerConfig:
     ratio: Ratio = Ratio.plain  # plain (paper) | decoupled (decoupled PPO for stale samples)
     behaviour_weight_cap: float = 5.0  # decoupled: tokens with πprox/πbehaviour above this are dropped
     # none | tis | mis | token_mask: the learner's policy before the update against the servers' behaviour
-    # log-probs (RolloutCorrection); with one, the ratio is clipped against the former (not with ratio=decoupled,
-    # whose own weight πprox/πbehaviour would correct the same mismatch twice)
+    # log-probs (RolloutCorrection); with one, the ratio is clipped against the former and the correction's
+    # weight takes the place of decoupled PPO's (the same ρ = πprox/πbehaviour): plain and decoupled alike then
     rollout_correction: RolloutCorrection = RolloutCorrection.none
     rollout_correction_cap: float = 2.0  # C: tis truncates ρ_t at C; mis keeps a sample with Π_t ρ_t in [1/C, C]
     rollout_correction_low: float = 0.5  # token_mask: ρ_t below this is masked
@@ -161,12 +161,6 @@ class LearnerConfig:
         at_least("clip_high", self.clip_high, 0)
         check(self.dual_clip > 1, "dual_clip", f"the dual-clip constant must be > 1, got {self.dual_clip}")
         positive("behaviour_weight_cap", self.behaviour_weight_cap)
-        check(
-            self.rollout_correction == RolloutCorrection.none or self.ratio != Ratio.decoupled,
-            "rollout_correction",
-            "ratio=decoupled already weights by πprox/πbehaviour: use ratio=plain with a rollout correction, "
-            f"got rollout_correction={self.rollout_correction}",
-        )
         at_least("rollout_correction_cap", self.rollout_correction_cap, 1.0)
         low = self.rollout_correction_low
         check(0 < low <= 1, "rollout_correction_low", f"must be in (0, 1], got {low}")

@@ -40,7 +40,8 @@ Rollout correction (learner.rollout_correction; verl's rollout correction, Yao e
 efficient RL framework secretly brings you off-policy RL training"; IcePop): the servers' log-probs
 differ from the learner's on the same weights (another engine, another precision) and on stale ones.
 With ρ_t = π_old(a_t|·) / π_behaviour(a_t|·), π_old the learner's policy before the update, the ratio
-is clipped against π_old and the clipped surrogate weighted, without gradient (rollout_correction):
+is clipped against π_old and the clipped surrogate weighted, without gradient (rollout_correction), in
+place of decoupled PPO's w_t (the same ratio) under either learner.ratio:
     tis         L_t ← min(ρ_t, C) · L_t
     mis         L_t ← 1[1/C ≤ Π_{t∈i} ρ_t ≤ C] · L_t     (i: the token's turn sample, dropped whole)
     token_mask  L_t ← 1[low ≤ ρ_t ≤ high] · L_t

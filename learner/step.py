@@ -520,11 +520,11 @@ def micro_batch_loss(
 
     # decoupled PPO: the proximal policy is the weights before the batch's first update
     old_logp = before_update_logp()
-    proximal_logp = old_logp if cfg.ratio == "decoupled" else None
+    proximal_logp = old_logp if cfg.ratio == "decoupled" and cfg.rollout_correction == "none" else None
     clip = ClipConfig(cfg.clip_low, cfg.clip_high, cfg.dual_clip)
     hindsight = torch.repeat_interleave(torch.tensor([s.hindsight for s in batch], device=device), lengths)[keep]
     # rollout correction: w_t from ρ_t = π_old/π_behaviour (HeRL's hindsight samples aside: ρ_t = 1), and the
-    # ratio clipped against π_old
+    # ratio clipped against π_old (decoupled PPO's weight, the same ρ_t, is the correction's then)
     token_sample = torch.repeat_interleave(torch.arange(len(batch), device=device), lengths)[keep]
     weight, corrected = rollout_correction(
         old_logp, torch.where(hindsight, old_logp, behaviour_logp), token_sample, cfg.rollout_correction,

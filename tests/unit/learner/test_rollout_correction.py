@@ -94,7 +94,6 @@ def test_mismatch_totals_by_hand():
 @pytest.mark.parametrize(
     "overrides, key",
     [
-        (dict(rollout_correction="tis", ratio="decoupled"), "rollout_correction"),
         (dict(rollout_correction_cap=0.5), "rollout_correction_cap"),
         (dict(rollout_correction_low=0.0), "rollout_correction_low"),
         (dict(rollout_correction_low=1.5), "rollout_correction_low"),
@@ -205,6 +204,17 @@ def test_perturbed_behaviour_log_probs_each_mode_acts(model):
     assert stats["token_mask"].rollout_corrected_samples == 2
     losses = {mode: s.loss for mode, s in stats.items()}
     assert len({round(v, 4) for v in losses.values()}) == 4, losses  # each mode a loss of its own
+
+
+@pytest.mark.parametrize("mode", ["tis", "mis", "token_mask"])
+def test_under_decoupled_ppo_the_correction_takes_the_place_of_its_weight(model, mode):
+    """ratio=decoupled with a correction: the same ratio against π_old, the correction's weight, not both."""
+    samples = _samples(model, perturbed=True)
+    cfg = LearnerConfig(rollout_correction=mode, ratio="decoupled", low_prob_mask="off", max_grad_norm=1e9)
+    cfg.validate()
+    stats = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), samples, cfg, 0)
+    assert stats.loss == pytest.approx(_expected(mode), abs=1e-4)
+    assert stats.behaviour_weight_mean == 1.0 and stats.behaviour_weight_capped_fraction == 0.0
 
 
 def test_several_mini_batches_judge_against_the_policy_before_the_update(model):
