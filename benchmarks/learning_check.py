@@ -190,8 +190,8 @@ def collect(run_dir: Path, tasks: list[str], limits: list[str], args) -> int:
         ],
         **report,
     }
-    write_result(RESULTS / "learning_check_base.json", result)
-    shutil.copy(out / "table.md", RESULTS / "learning_check_base.md")
+    write_result(RESULTS / f"{args.report}.json", result)
+    shutil.copy(out / "table.md", RESULTS / f"{args.report}.md")
     return 0
 
 
@@ -928,6 +928,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--envs", type=int, default=2)
     b.add_argument("--run-dir", default="runs/learning_check_base")
     b.add_argument("--collect", action="store_true", help="only write the table of the episodes played so far")
+    b.add_argument("--report", default="learning_check_base", help="benchmarks/results/<REPORT>.{json,md}")
     c = sub.add_parser("compare", help="EMPO2 vs GRPO vs base, paired, several training seeds")
     c.add_argument("--tasks", nargs="+", required=True)
     c.add_argument("--budget-min", type=float, default=45.0, help="each training run's wall budget")

@@ -306,7 +306,7 @@ def test_collect_writes_the_table_of_what_was_played(tmp_path, monkeypatch):
     ):
         log.append({"task": task, "variation": variation, "seed": 0, "score": score, "done": False, "success": False})
     monkeypatch.setattr(lc, "RESULTS", tmp_path / "results")
-    args = SimpleNamespace(variations=2, episodes=1)
+    args = SimpleNamespace(variations=2, episodes=1, report="learning_check_base")
     assert lc.collect(tmp_path / "run", ["boil", "find-animal", "melt"], [], args) == 0
     result = json.loads((tmp_path / "results" / "learning_check_base.json").read_text())
     assert result["tasks_evaluated"] == 2 and result["tasks_planned"] == 3 and result["complete"] is False
