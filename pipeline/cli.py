@@ -20,7 +20,7 @@ from pathlib import Path
 from common.config import RunFacts
 from common.heartbeat import heartbeat_path
 from common.process import lower_cpu_priority
-from pipeline.config import ConfigError, PipelineConfig, load_config, run_facts, to_yaml
+from pipeline.config import CONF_DIR, ConfigError, PipelineConfig, load_config, run_facts, to_yaml
 from pipeline.roles import LEARNER_TOKEN_ENV, ROLES, Role, process_index, process_name
 
 # what every role is given beside its own sections (RunFacts), shown by its --help
@@ -169,6 +169,11 @@ evaluate = _entry("empo2-eval")
 spa = _entry("empo2-spa")
 
 
+def conf_choices(group: str) -> list[str]:
+    """The choices of a config group, read from conf/<group>/ (what Hydra accepts), sorted."""
+    return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+
+
 def show_config(argv: list[str] | None = None) -> int:
     """empo2-config: print the resolved configuration as YAML (exit 2 if it is refused)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -176,8 +181,10 @@ def show_config(argv: list[str] | None = None) -> int:
         print(
             "usage: empo2-config [key=value ...]\n\n"
             "Prints the configuration a run with these overrides would use, as YAML: the dataclass\n"
-            "defaults (the paper's recipe), the preset (preset=empo2|grpo|gigpo|rnd), the profile\n"
-            "(profile=cpu, the default, |paper|e2e) and the overrides, validated as empo2-run does."
+            "defaults (the paper's recipe), the preset, the profile and the overrides, validated as\n"
+            "empo2-run does.\n\n"
+            f"  preset={'|'.join(conf_choices('preset'))}   the method (conf/preset/; empo2 by default)\n"
+            f"  profile={'|'.join(conf_choices('profile'))}   the scale (conf/profile/; cpu by default)"
         )
         return 0
     try:

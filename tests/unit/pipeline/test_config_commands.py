@@ -120,7 +120,10 @@ def test_empo2_config_profile_paper_shows_the_papers_values(tmp_path):
 def test_empo2_config_refuses_a_bad_value_with_exit_2(tmp_path):
     rc, out, err = _finish(_start([str(BIN / "empo2-config"), "profile=nope"], tmp_path))
     assert rc == 2 and out == ""
-    assert err.strip() == "empo2-config: bad configuration: profile: no 'nope' in conf/profile/; one of cpu, cpu_learn, e2e, paper"
+    assert (
+        err.strip()
+        == "empo2-config: bad configuration: profile: no 'nope' in conf/profile/; one of cpu, cpu_learn, e2e, paper"
+    )
 
 
 @pytest.mark.parametrize("override", ["++learner.lrr=5", "+learner.lrr=5"])
@@ -132,3 +135,19 @@ def test_empo2_config_refuses_an_added_key_the_schema_lacks(tmp_path, override):
     assert err.strip() == (
         "empo2-config: bad configuration: learner.lrr: not a key of the configuration; did you mean learner.lr?"
     )
+
+
+def test_the_preset_and_profile_lists_are_read_from_conf(capsys):
+    """empo2-config --help and conf/pipeline.yaml's comment name every preset and profile in conf/."""
+    from pipeline.cli import CONF_DIR, show_config
+
+    presets = sorted(p.stem for p in (Path(CONF_DIR) / "preset").glob("*.yaml"))
+    profiles = sorted(p.stem for p in (Path(CONF_DIR) / "profile").glob("*.yaml"))
+    assert {"empo2", "grpo", "herl", "sge", "empo2_sge"} <= set(presets) and "cpu_learn" in profiles
+    assert show_config(["--help"]) == 0
+    shown = capsys.readouterr().out
+    assert f"preset={'|'.join(presets)}" in " ".join(shown.split())
+    assert f"profile={'|'.join(profiles)}" in " ".join(shown.split())
+    comment = " ".join(line.lstrip("# ") for line in (Path(CONF_DIR) / "pipeline.yaml").read_text().splitlines())
+    for name in [*presets, *profiles]:
+        assert f" {name}," in comment or f" {name};" in comment or f" {name})" in comment, name
