@@ -6,6 +6,7 @@ and rejection of bad input."""
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 
@@ -212,3 +213,13 @@ def test_generate_update_and_reject(start_role, tmp_path, model_and_tokenizer):
     raw.close()
     assert isinstance(client.call(Ping(sender="test")), Pong)
     client.close()
+
+    # a stop as the launcher's (SIGTERM to the server alone) ends within its grace period and clean (issue 39):
+    # vLLM's engine core exits by itself instead of being killed by vLLM's client, and nothing is left
+    # to the resource tracker ("leaked semaphore objects")
+    logged = len(server.log())
+    t0 = time.monotonic()
+    server.stop()
+    stop_s, stop_log = time.monotonic() - t0, server.log()[logged:]
+    assert server.proc.returncode == 0 and stop_s < 20, f"{stop_s:.1f} s:\n{stop_log[-3000:]}"
+    assert not re.search(r"force killing|leaked|Traceback", stop_log), stop_log[-3000:]
