@@ -25,8 +25,16 @@ log = logging.getLogger(__name__)
 # The environment every role process runs in, on top of the parent's: unbuffered output (a log
 # line is in the file when it happens, also before a crash), no Hugging Face Hub access (models
 # are prepared before any role starts: common/model_prep.py), and no tokenizers thread pool
-# (it warns, and can deadlock, when a process that used it forks).
-ROLE_ENV = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+# (it warns, and can deadlock, when a process that used it forks). No progress bars: tqdm's (the
+# weight loads and saves of transformers and vLLM, the embedder's batches) wrote a carriage-return
+# line per update into the role logs, hiding the lines around them.
+ROLE_ENV = {
+    "PYTHONUNBUFFERED": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "TQDM_DISABLE": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+}
 # ... and, unless the operator's environment says otherwise, OpenMP threads that sleep at a barrier
 # instead of spinning (libgomp spins first by default): the learner, vLLM's CPU workers and the
 # memory service's embedder share the cores, and spinning threads took them from one another. On 2

@@ -208,3 +208,15 @@ def test_lower_cpu_priority_never_raises_the_priority():
     before = os.getpriority(os.PRIO_PROCESS, 0)
     lower_cpu_priority(before)  # no change asked: nothing to do, no permission needed
     assert os.getpriority(os.PRIO_PROCESS, 0) == before
+
+
+def test_role_logs_get_no_progress_bars(tmp_path):
+    """A role's environment turns tqdm off (transformers' weight-loading bars filled the logs with
+    carriage-return lines), whatever the operator's shell says."""
+    from common.process import role_env
+
+    env = role_env()
+    assert env["TQDM_DISABLE"] == "1" and env["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    code = "from tqdm import tqdm\nfor _ in tqdm(range(3)): pass\n"
+    shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "it/s" not in shown.stderr
