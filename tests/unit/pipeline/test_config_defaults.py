@@ -205,3 +205,31 @@ def test_no_library_signature_gives_a_config_value_a_default_of_its_own():
                 if (qualname, name) not in NOT_CONFIG:
                     offenders.append(f"{qualname}({name}={param.default!r})")
     assert offenders == [], "take these from the config object instead: " + ", ".join(offenders)
+
+
+def test_configuration_md_states_the_defaults_the_dataclasses_hold():
+    """Every `key` (N ...) in docs/configuration.md's tables (a bare key belongs to the section named
+    last in its row) says the dataclass default: it documented max_ready_groups as 16, with 32 in the code."""
+    import re
+
+    cfg = PipelineConfig()
+    sections = [f.name for f in dataclasses.fields(cfg) if dataclasses.is_dataclass(getattr(cfg, f.name))]
+    defaults = {
+        (s, f.name): getattr(getattr(cfg, s), f.name) for s in sections for f in dataclasses.fields(getattr(cfg, s))
+    }
+    doc = (Path(CONF_DIR).parent / "docs" / "configuration.md").read_text().replace("\u2212", "-")
+    checked, wrong = 0, []
+    for row in (line for line in doc.splitlines() if line.startswith("|")):
+        section = None
+        for m in re.finditer(r"`(?:(\w+)\.)?(\w+)`( \(([^()]*)\))?", row):
+            named, key, _, said = m.groups()
+            section = named or section
+            value = defaults.get((section, key))
+            if said is None or " / " in said or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            first = re.search(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?(?![\w.])", re.sub(r"`[^`]*`", "", said))
+            if first:
+                checked += 1
+                if float(first.group()) != float(value):
+                    wrong.append(f"{section}.{key}: documented ({said}), default {value}")
+    assert checked > 50 and not wrong, wrong
