@@ -30,12 +30,45 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 from common.metrics import METRICS_LOG
 from learner.exploration import METRICS as EXPLORATION
 
 SMOOTHING = 5  # steps in the training score's moving average (score.png)
+BAND = f"{SMOOTHING}-step moving mean ± 1 std"  # what score.png's line and band are, in its legend
+SCORE = "score (0 to 100; -100: a failed focus)"  # ScienceWorld's episode score, an axis label
+WAIT = "batch_wait"  # the learner's idle phase: time_breakdown.png draws it beside the step, not in it
+
+
+def _step_axis(ax, label: str = "learner step") -> None:
+    """An x axis of learner steps: whole steps only (no 1.2, 1.4 with a few steps)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel(label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _percent_axis(ax, label: str) -> None:
+    """A y axis of fractions drawn as percents: 0 to 100 % with a margin, whatever the data (a fraction
+    that stays 0 is a line at 0 %, not noise on a -0.04 to 0.04 axis)."""
+    from matplotlib.ticker import PercentFormatter
+
+    ax.set_ylabel(label)
+    ax.set_ylim(-4, 104)
+    ax.yaxis.set_major_formatter(PercentFormatter(100, decimals=0))
+
+
+def _figure_legend(fig, axes, title: str | None = None, ncol: int = 2) -> None:
+    """One legend for the figure's panels (their entries by label, once each), below them: it covers no data."""
+    entries: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    if entries:
+        fig.legend(list(entries.values()), list(entries), loc="outside lower center", ncol=min(ncol, len(entries)),
+                   fontsize=8, title=title, title_fontsize=8, frameon=False)  # fmt: skip
 
 
 def read_log(run_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -77,7 +110,7 @@ def _smoothed(ax, xs: list[float], ys: list[float], label: str, color: str) -> N
     """Each point faint, their moving average as a line in its band (moving_band)."""
     ax.plot(xs, ys, ".", color=color, alpha=0.35)
     mean, low, high = moving_band(ys)
-    ax.plot(xs, mean, color=color, label=f"{label} (mean of {SMOOTHING})")
+    ax.plot(xs, mean, color=color, label=f"{label}: training batches, {BAND}")
     ax.fill_between(xs, low, high, color=color, alpha=0.15)
 
 
@@ -89,7 +122,7 @@ def _with_intervals(ax, records: list[dict], y: str, label: str, scale: float = 
     below = [y_ - scale * lo for y_, (lo, _) in zip(ys, bounds)]
     above = [scale * hi - y_ for y_, (_, hi) in zip(ys, bounds)]
     yerr = [below, above] if any(r.get(f"{y}_ci") for r in records) else None
-    ax.errorbar(xs, ys, yerr=yerr, marker="o", capsize=3, label=label, **style)
+    ax.errorbar(xs, ys, yerr=yerr, marker="o", capsize=3, label=label + (", 95% CI" if yerr else ""), **style)
 
 
 def plot_runs(run_dirs: list[Path], out: Path) -> list[Path]:
@@ -103,57 +136,68 @@ def plot_runs(run_dirs: list[Path], out: Path) -> list[Path]:
     written: list[Path] = []
 
     def save(fig, name: str) -> None:
-        fig.tight_layout()
         path = out / name
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110)  # the figures' constrained layout keeps titles and legends inside
         plt.close(fig)
         written.append(path)
 
     # the paper's Figure 13: score vs step and vs wall time, smoothed; the evaluations beside it
-    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
-    for i, (name, steps, evals) in enumerate(runs):
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4.6), layout="constrained")
+    timed_runs = [[r for r in steps if "wall_time" in r and "elapsed_s" in r] for _, steps, _ in runs]
+    # since the run began (a restarted learner's elapsed_s starts again from 0); a long run in hours
+    hours = any(t and t[-1]["elapsed_s"] > 3 * 3600 for t in timed_runs)
+    for i, ((name, steps, evals), timed) in enumerate(zip(runs, timed_runs)):
         color = f"C{i % 10}"  # one colour per run in both panels, its evaluations included
         _smoothed(by_step, *_series(steps, "step", "episode_score_mean"), name, color)
         for size, same in _by_size(evals):
-            _with_intervals(by_step, same, "mean_score", f"{name} evaluation{size}", color=color, linestyle="--")
-        timed = [r for r in steps if "wall_time" in r and "elapsed_s" in r]
-        if timed:  # minutes since the run began: a restarted learner's elapsed_s starts again from 0
+            _with_intervals(by_step, same, "mean_score", f"{name}: evaluation (test){size}", color=color,
+                            linestyle="--")  # fmt: skip
+        if timed:
             start = timed[0]["wall_time"] - timed[0]["elapsed_s"]
-            minutes = [(r["wall_time"] - start) / 60 for r in timed]
-            _smoothed(by_time, minutes, [r["episode_score_mean"] for r in timed], name, color)
-    by_step.set(
-        xlabel="learner step", ylabel="mean episode score (training batch; evaluation: test)", title="score vs step"
-    )
-    by_time.set(xlabel="wall time (min)", ylabel="mean episode score (training batch)", title="score vs wall time")
+            times = [(r["wall_time"] - start) / (3600 if hours else 60) for r in timed]
+            _smoothed(by_time, times, [r["episode_score_mean"] for r in timed], name, color)
+    _step_axis(by_step)
+    by_step.set(ylabel=f"mean episode {SCORE}", title="score vs learner step")
+    by_time.set(xlabel=f"wall time since the run began ({'h' if hours else 'min'})", ylabel=f"mean episode {SCORE}",
+                title="score vs wall time")  # fmt: skip
     for ax in (by_step, by_time):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    _figure_legend(fig, (by_step, by_time), title="dots: each step's batch mean")
     save(fig, "score.png")
 
     if any(evals for _, _, evals in runs):
-        fig, (score, success) = plt.subplots(1, 2, figsize=(11, 4))
-        for name, _, evals in runs:
-            for size, same in _by_size(evals):
-                _with_intervals(score, same, "mean_score", f"{name}{size}")
-                _with_intervals(success, same, "mean_success_rate", f"{name}{size}", scale=100.0)
-        score.set(xlabel="learner step (checkpoint)", ylabel="test score (mean over tasks)", title="evaluation score")
-        success.set(xlabel="learner step (checkpoint)", ylabel="success rate (%)", title="evaluation success")
+        fig, (score, success) = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
+        for i, (name, _, evals) in enumerate(runs):
+            for j, (size, same) in enumerate(_by_size(evals)):
+                style = {"color": f"C{i % 10}", "linestyle": ("-", "--", ":")[j % 3]}
+                _with_intervals(score, same, "mean_score", f"{name}{size}", **style)
+                _with_intervals(success, same, "mean_success_rate", f"{name}{size}", scale=100.0, **style)
+        score.set(ylabel=f"test {SCORE}", title="evaluation score (mean over tasks)")
+        _percent_axis(success, "test success rate")
+        success.set_title("evaluation success")
         for ax in (score, success):
+            _step_axis(ax, "learner step (checkpoint evaluated)")
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
+        _figure_legend(fig, (score, success))
         save(fig, "eval.png")
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for ax, key, label in zip(
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.4), layout="constrained")
+    for ax, key, title in zip(
         axes,
         ("loss", "clip_fraction", "masked_fraction"),
-        ("policy loss", "clipped token fraction", "masked sample fraction"),
+        ("policy loss", "tokens whose ratio was clipped", "samples masked out of the loss"),
     ):
-        for name, steps, _ in runs:
-            ax.plot(*_series(steps, "step", key), marker=".", label=name)
-        ax.set(xlabel="learner step", title=label)
+        for i, (name, steps, _) in enumerate(runs):
+            xs, ys = _series(steps, "step", key)
+            ax.plot(xs, ys if key == "loss" else [100 * y for y in ys], marker=".", color=f"C{i % 10}", label=name)
+        if key == "loss":
+            ax.set_ylabel("loss (the step's mean)")
+        else:
+            _percent_axis(ax, "% of the batch's " + ("response tokens" if key == "clip_fraction" else "turn samples"))
+        _step_axis(ax)
+        ax.set_title(title)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    _figure_legend(fig, axes, ncol=4)
     save(fig, "training.png")
 
     if any(r.get(key) is not None for _, steps, _ in runs for r in steps for key in EXPLORATION):
@@ -163,25 +207,48 @@ def plot_runs(run_dirs: list[Path], out: Path) -> list[Path]:
         save(_memory_figure(plt, runs), "memory.png")
 
     # the paper's Figure 12: where the time goes, per component
-    fig, axes = plt.subplots(len(runs), 2, figsize=(12, 3.5 * len(runs)), squeeze=False)
-    for (name, steps, _), (learner_ax, actor_ax) in zip(runs, axes):
-        for ax, key, title in (
-            (learner_ax, "phase_seconds", f"{name}: learner seconds per step, by phase"),
-            (actor_ax, "rollout_phase_seconds", f"{name}: actor-seconds of each batch's episodes, by phase"),
-        ):
-            phases = list(dict.fromkeys(p for r in steps for p in r.get(key, {})))
-            xs = [r["step"] for r in steps]
-            bottom = [0.0] * len(steps)
-            for phase in phases:
-                heights = [r.get(key, {}).get(phase, 0.0) for r in steps]
-                ax.bar(xs, heights, bottom=bottom, label=phase)
-                bottom = [b + h for b, h in zip(bottom, heights)]
-            ax.set(xlabel="learner step", ylabel="seconds", title=title)
-            ax.set_ylim(0, 1.1 * max(bottom, default=0.0) or 1.0)  # the whole stack of the tallest step
-            if phases:
-                ax.legend(fontsize=7, framealpha=0.6)
-    save(fig, "time_breakdown.png")
+    save(_time_figure(plt, runs), "time_breakdown.png")
     return written
+
+
+def _title(ax, text: str, width: int = 60) -> None:
+    """A title wrapped to the panel's width (a long run name does not run off the figure)."""
+    ax.set_title(textwrap.fill(text, width), fontsize=10)
+
+
+def _time_figure(plt, runs: list[tuple[str, list[dict], list[dict]]]):
+    """Per run, seconds per learner step: the learner's phases stacked (the step's work) with its batch
+    wait as a hatched bar beside them (idle time, not part of the step), and the actor-seconds of the
+    batch's episodes by rollout phase (the paper's Figure 12)."""
+    fig, axes = plt.subplots(len(runs), 2, figsize=(14, 3.9 * len(runs)), squeeze=False, layout="constrained")
+    for (name, steps, _), (learner_ax, actor_ax) in zip(runs, axes):
+        xs = [r["step"] for r in steps]
+        for ax, key in ((learner_ax, "phase_seconds"), (actor_ax, "rollout_phase_seconds")):
+            phases = list(dict.fromkeys(p for r in steps for p in r.get(key, {})))
+            apart = key == "phase_seconds" and WAIT in phases
+            width = 0.4 if apart else 0.8
+            at = [x - width / 2 for x in xs] if apart else xs
+            bottom = [0.0] * len(steps)
+            for phase in (p for p in phases if not (apart and p == WAIT)):
+                heights = [r.get(key, {}).get(phase, 0.0) for r in steps]
+                ax.bar(at, heights, width=width, bottom=bottom, label=phase)
+                bottom = [b + h for b, h in zip(bottom, heights)]
+            top = max(bottom, default=0.0)
+            if apart:
+                waits = [r.get(key, {}).get(WAIT, 0.0) for r in steps]
+                ax.bar([x + width / 2 for x in xs], waits, width=width, color="white", edgecolor="0.45", hatch="///",
+                       label="batch wait (idle, beside the step)")  # fmt: skip
+                top = max(top, *waits)
+            ax.set_ylim(0, 1.1 * top or 1.0)  # the tallest bar whole
+            _step_axis(ax)
+            ax.grid(axis="y", alpha=0.3)
+            if phases:
+                ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, frameon=False)
+        learner_ax.set_ylabel("seconds (wall)")
+        _title(learner_ax, f"{name}: learner seconds per step, by phase")
+        actor_ax.set_ylabel("actor-seconds (summed over episodes)")
+        _title(actor_ax, f"{name}: actor time in the batch's episodes, by phase")
+    return fig
 
 
 def _by_size(evals: list[dict]) -> list[tuple[str, list[dict]]]:
@@ -192,40 +259,43 @@ def _by_size(evals: list[dict]) -> list[tuple[str, list[dict]]]:
         return record.get("variations_per_task"), record.get("episodes_per_variation")
 
     return [
-        (f" ({size[0]} x {size[1]})" if size[0] else "", [r for r in evals if size_of(r) == size])
+        (f" ({size[0]} variations x {size[1]} episodes)" if size[0] else "", [r for r in evals if size_of(r) == size])
         for size in dict.fromkeys(map(size_of, evals))
     ]
 
 
 def _exploration_figure(plt, runs: list[tuple[str, list[dict], list[dict]]]):
     """learner/exploration.py's metrics and the policy's entropy vs step (the paper's Figures 3 and 7)."""
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.6), layout="constrained")
     (states, actions), (collapsed, entropy) = axes
-    for name, steps, _ in runs:
+    for i, (name, steps, _) in enumerate(runs):
         if not any(r.get(key) is not None for r in steps for key in EXPLORATION):
             continue  # a log from before they were recorded
-        states.plot(*_series(steps, "step", "distinct_states_per_group"), marker=".", label=f"{name}: per group")
-        states.plot(*_series(steps, "step", "distinct_states_per_episode"), marker=".", label=f"{name}: per episode")
-        actions.plot(*_series(steps, "step", "distinct_actions_per_group"), marker=".", label=name)
+        color = f"C{i % 10}"  # one colour per run in every panel
+        states.plot(*_series(steps, "step", "distinct_states_per_group"), ".-", color=color, label=name)
+        states.plot(*_series(steps, "step", "distinct_states_per_episode"), ".--", color=color)
+        actions.plot(*_series(steps, "step", "distinct_actions_per_group"), ".-", color=color, label=name)
         xs, ys = _series(steps, "step", "collapsed_group_fraction")
-        collapsed.plot(xs, [100 * y for y in ys], marker=".", label=name)
+        collapsed.plot(xs, [100 * y for y in ys], ".-", color=color, label=name)
         # 0 in a record of a run that did not measure it (before every step did, without entropy_coef)
-        entropy.plot(*_series([r for r in steps if r.get("entropy_mean")], "step", "entropy_mean"), ".-", label=name)
-    for ax, title in (
-        (states, "distinct states (room, inventory, visible objects)"),
-        (actions, "distinct actions per group"),
-        (collapsed, "groups whose episodes share one state sequence (%)"),
-        (entropy, "policy entropy at response tokens (nats)"),
-    ):
-        ax.set(xlabel="learner step", title=title)
+        entropy.plot(*_series([r for r in steps if r.get("entropy_mean")], "step", "entropy_mean"), ".-", color=color,
+                     label=name)  # fmt: skip
+    states.set(ylabel="distinct states", title="distinct states (room, inventory, objects seen):\n"
+               "per group (solid), per episode (dashed)")  # fmt: skip
+    actions.set(ylabel="distinct actions", title="distinct actions per group")
+    _percent_axis(collapsed, "% of the batch's groups")
+    collapsed.set_title("groups whose episodes share one state sequence")
+    entropy.set(ylabel="entropy (nats per token)", title="policy entropy at response tokens")
+    for ax in axes.flat:
+        _step_axis(ax)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    _figure_legend(fig, axes.flat, ncol=4)
     return fig
 
 
 def _memory_figure(plt, runs: list[tuple[str, list[dict], list[dict]]]):
     """learner/memory_use.py's metrics vs step: how much EMPO2's memory engaged."""
-    fig, (shares, counts) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (shares, counts) = plt.subplots(1, 2, figsize=(11, 5), layout="constrained")
     for i, (name, steps, _) in enumerate(runs):
         color = f"C{i % 10}"
         for key, style, label in (
@@ -240,12 +310,13 @@ def _memory_figure(plt, runs: list[tuple[str, list[dict], list[dict]]]):
                         label=f"{name}: {label}", markersize=4)  # fmt: skip
         xs, ys = _series([r for r in steps if r.get("r_int_spread_mean") is not None], "step", "r_int_spread_mean")
         counts.plot(xs, [10 * y for y in ys], "s--", color=color, label=f"{name}: r_int's std in a group x 10")
-    shares.set(xlabel="learner step", ylabel="% of the batch's turns / tip turns", title="memory use per step")
-    shares.set_ylim(-5, 105)
-    counts.set(xlabel="learner step", ylabel="count (r_int std x 10)", title="retrievals and the intrinsic reward")
+    _percent_axis(shares, "% of the batch's turns (of its tip turns: trained)")
+    shares.set_title("memory use per step")
+    counts.set(ylabel="memories (r_int std x 10)", title="retrievals and the intrinsic reward")
     for ax in (shares, counts):
+        _step_axis(ax)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    _figure_legend(fig, (shares, counts))
     return fig
 
 
@@ -258,22 +329,22 @@ def plot_arms(arms: dict[str, list[Path]], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
     for i, (arm, dirs) in enumerate(arms.items()):
         seeds = [{r["step"]: r for r in read_log(d)[0]} for d in dirs]
         common = sorted(set.intersection(*(set(s) for s in seeds))) if seeds else []
         for ax, key, scale in ((axes[0], "success_rate", 100.0), (axes[1], "episode_score_mean", 1.0)):
             values = [[scale * s[step][key] for s in seeds] for step in common]
             mean = [sum(v) / len(v) for v in values]
-            ax.plot(common, mean, "-", color=f"C{i % 10}", label=f"{arm}: mean of {len(dirs)} seeds")
+            ax.plot(common, mean, "-", color=f"C{i % 10}", label=f"{arm}: mean of {len(dirs)} seeds, band min-max")
             ax.fill_between(common, [min(v) for v in values], [max(v) for v in values], color=f"C{i % 10}", alpha=0.2)
-    axes[0].set(xlabel="learner step", ylabel="success rate (%)", title="training success (band: min-max over seeds)")
-    axes[1].set(xlabel="learner step", ylabel="score (0-100; -100: a wrong focus)", title="training score")
+    _percent_axis(axes[0], "success rate (training batches)")
+    axes[0].set_title("training success")
+    axes[1].set(ylabel=f"mean episode {SCORE}", title="training score")
     for ax in axes:
+        _step_axis(ax)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        ax.xaxis.get_major_locator().set_params(integer=True)
-    fig.tight_layout()
+    _figure_legend(fig, axes)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "curves.png"
     fig.savefig(path, dpi=110)
