@@ -434,6 +434,24 @@ def holm_adjusted(compared: list[dict]) -> None:
             compared[int(i)]["holm"][family] = adjusted
 
 
+# What the pairs, seed-level tests and CIs compare, per episode record (--measure): the score, or a rate in
+# % (an episode's 100 or 0): scoring >= 50, or a success (done with score > 70, Trajectory.success)
+MEASURES = {
+    "score": lambda e: e["score"],
+    "ge50": lambda e: 100.0 * (e["score"] >= 50),
+    "success": lambda e: 100.0 * bool(e["success"]),
+}
+
+
+MEASURE_WORDS = {
+    "score": "The comparisons are made on the score.",
+    "ge50": "**The comparisons (the mean column, the pairs and the seed-level tests) are made on the rate (%) of "
+    "episodes scoring >= 50**, an episode counting 100 or 0.",
+    "success": "**The comparisons (the mean column, the pairs and the seed-level tests) are made on the success "
+    "rate (%)**, an episode counting 100 or 0.",
+}
+
+
 def collect_compare(root: Path, args) -> int:
     """The paired comparison of everything evaluated under `root`: per policy the mean score with a
     bootstrap 95% CI over (variation, seed) units and one over variations (clustered), its success rate and
@@ -468,8 +486,10 @@ def collect_compare(root: Path, args) -> int:
             training[f"{name}/seed{seed}"] = training_summary(run_dir)
             if name in args.spa:
                 training[f"{name}/seed{seed}"]["spa"] = spa_summary(root / name / SPA_STAGE)
+    # the measure every comparison is made on (--measure): the score itself, or an episode's 0/100 indicator
+    value = MEASURES[args.measure]
     seed_scores = {
-        method: [{u: e["score"] for u, e in ev.items()} for ev in evals] for method, evals in policies.items() if evals
+        method: [{u: value(e) for u, e in ev.items()} for ev in evals] for method, evals in policies.items() if evals
     }
     scores = {method: method_scores(evals) for method, evals in seed_scores.items()}
     fixed = {BASE, *map(sft_policy, args.spa)}  # one policy each, no training seeds
@@ -507,6 +527,7 @@ def collect_compare(root: Path, args) -> int:
             "budget_min": args.budget_min,
             "steps": args.steps,
             "lr": args.lr,
+            "measure": args.measure,
             "methods": dict(map(method_overrides, args.presets)),
         },
         "policies": per_policy,
@@ -645,7 +666,8 @@ def compare_table(result: dict) -> str:
         f"{_budget(d)} each at lr {d['lr']:g}. A method's score on a unit is the mean over its "
         "training seeds' checkpoints. 95% CIs: percentile bootstrap over units; clustered: over whole "
         "variations (a variation's evaluation seeds drawn together); p: two-sided sign-flip "
-        "permutation test of the paired differences; Holm: adjusted across every comparison reported.",
+        "permutation test of the paired differences; Holm: adjusted across every comparison reported. "
+        + MEASURE_WORDS[d.get("measure", "score")],
         "",
         "| policy | mean score [95% CI] | units | clustered 95% CI | success (done, > 70) [clustered CI] | "
         f"score ≥ {RATE_SCORE:g} [clustered CI] | training seeds: mean score |",
@@ -955,6 +977,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--variations", type=int, default=5)
     c.add_argument("--slack", type=int, default=2, help="steps a horizon must leave over every gold path")
+    c.add_argument(
+        "--measure",
+        choices=["score", "ge50", "success"],
+        default="score",
+        help="what the comparisons are made on: the score, or the rate (%%) of episodes scoring >= 50 or succeeding",
+    )
     c.add_argument(
         "--overrides",
         nargs="*",

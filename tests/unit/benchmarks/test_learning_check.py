@@ -59,6 +59,7 @@ def test_compare_pairs_the_policies_on_their_common_units(tmp_path, monkeypatch)
         spa=[],
         report="learning_check_compare",
         plots="learning_check_plots",
+        measure="score",
     )
     assert lc.collect_compare(root, args) == 0
     result = json.loads((tmp_path / "results" / "learning_check_compare.json").read_text())
@@ -372,3 +373,11 @@ def test_the_papers_mask_fraction_is_judged_on_the_sampled_tokens_per_strategy_t
     log.append_trajectory(encode(episode(1, 1.4, [[-7.0]], [[1]])))
     log.sync()
     assert lc.paper_mask_fractions(tmp_path) == {"0.60": 0.5, "1.40": 1.0}
+
+
+def test_the_measure_turns_each_episode_into_a_rate_before_any_comparison():
+    """--measure ge50 / success: an episode counts 100 or 0, so means, pairs and seed tests are rates in %."""
+    episode = {"score": 50.0, "success": False}
+    assert [lc.MEASURES[m](episode) for m in ("score", "ge50", "success")] == [50.0, 100.0, 0.0]
+    assert lc.MEASURES["ge50"]({"score": 25.0, "success": False}) == 0.0
+    assert lc.MEASURES["success"]({"score": 100.0, "success": True}) == 100.0
