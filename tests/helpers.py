@@ -155,3 +155,20 @@ class StubServer:
         self._stop.set()
         self._thread.join(timeout=5)
         self.sock.close(linger=0)
+
+
+def run_to_its_end(overrides: list[str], run_dir: Path, timeout_s: float):
+    """An `empo2-run` (deploy/harness.py's LaunchedRun) to its step target, always stopped after; asserts it
+    ended `done` with every server at learner.total_steps. (the run, its summary.json)."""
+    import json
+
+    from deploy.harness import LaunchedRun
+
+    run = LaunchedRun(overrides, run_dir, timeout_s, cwd=REPO)
+    try:
+        assert run.wait() == 0, run.tail()
+    finally:
+        run.stop(grace_s=120)
+    summary = json.loads((run.run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "done" and summary["policy_version"] == run.cfg.learner.total_steps, summary
+    return run, summary

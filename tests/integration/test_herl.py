@@ -5,17 +5,15 @@ a copy of its best original in one slot, and the learner trains on it to its ste
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 from transformers import AutoTokenizer
 
 from common.model_prep import resolve_model
-from deploy.harness import LaunchedRun
 from protocol.messages import GUIDED
 from replay_buffer.buffer import BufferLog
-from tests.helpers import REPO
+from tests.helpers import run_to_its_end
 
 pytestmark = pytest.mark.e2e
 BASE = 18100  # metrics.base_port: server 18100, buffer 18200, memory 18201, launcher 18202, learner 18300, ...
@@ -33,13 +31,7 @@ TIMEOUT_S = 1200
 
 
 def test_an_unsolved_group_is_revised_with_guidance_and_trained_on(tmp_path):
-    run = LaunchedRun(OVERRIDES, tmp_path / "run", TIMEOUT_S, cwd=REPO)
-    try:
-        assert run.wait() == 0, run.tail()
-    finally:
-        run.stop(grace_s=120)
-    summary = json.loads((run.run_dir / "summary.json").read_text())
-    assert summary["outcome"] == "done" and summary["policy_version"] == run.cfg.learner.total_steps, summary
+    run, summary = run_to_its_end(OVERRIDES, tmp_path / "run", TIMEOUT_S)
     trajectories, _, found = BufferLog.read(run.cfg.run_path(run.cfg.replay_buffer.log_file))
     assert not found.skipped
     guided = [t for t in trajectories if t.mode == GUIDED]

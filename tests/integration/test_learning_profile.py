@@ -6,13 +6,10 @@ run's metrics.jsonl (learner/memory_use.py, StepStats.tip_samples_trained_fracti
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from deploy.harness import LaunchedRun
 from evaluation.plot import read_log
-from tests.helpers import REPO
+from tests.helpers import run_to_its_end
 
 pytestmark = pytest.mark.e2e
 BASE = 34100  # metrics.base_port: server 34100, buffer 34200, memory 34201, launcher 34202, learner 34300, ...
@@ -22,7 +19,7 @@ OVERRIDES = [
     "replay_buffer.group_size=2",
     "replay_buffer.p_memory=1.0",
     "env.max_steps=5",  # short episodes: the memory's use is tested here, not success
-    "learner.total_steps=4",
+    "learner.total_steps=3",
     "learner.checkpoint_every=0",
     "launch.timeout_s=1500",
     "endpoints.policy_servers=[tcp://127.0.0.1:33550]",
@@ -35,13 +32,7 @@ TIMEOUT_S = 1500
 
 
 def test_tips_are_shown_and_trained_in_a_short_run_of_the_learning_profile(tmp_path):
-    run = LaunchedRun(OVERRIDES, tmp_path / "run", TIMEOUT_S, cwd=REPO)
-    try:
-        assert run.wait() == 0, run.tail()
-    finally:
-        run.stop(grace_s=120)
-    summary = json.loads((run.run_dir / "summary.json").read_text())
-    assert summary["outcome"] == "done", summary
+    run, summary = run_to_its_end(OVERRIDES, tmp_path / "run", TIMEOUT_S)
     steps, _ = read_log(run.run_dir)
     assert len(steps) == run.cfg.learner.total_steps
     # some step trained on turns whose prompt showed tips, and kept them in the loss

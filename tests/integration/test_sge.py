@@ -7,7 +7,6 @@ member of a group the same reflection; the learner trains to its step target."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from contextlib import closing
 
@@ -17,9 +16,8 @@ from transformers import AutoTokenizer
 
 from actors.env_actor.strategy import STRATEGY_CLOSE, STRATEGY_OPEN
 from common.model_prep import resolve_model
-from deploy.harness import LaunchedRun
 from replay_buffer.buffer import BufferLog
-from tests.helpers import REPO
+from tests.helpers import run_to_its_end
 
 pytestmark = pytest.mark.e2e
 BASE = 24100  # metrics.base_port: server 24100, buffer 24200, memory 24201, launcher 24202, learner 24300, ...
@@ -37,14 +35,8 @@ TIMEOUT_S = 1200
 
 
 def test_every_turn_is_a_strategy_then_an_action_and_later_groups_see_the_earlier_strategies(tmp_path):
-    run = LaunchedRun(OVERRIDES, tmp_path / "run", TIMEOUT_S, cwd=REPO)
-    try:
-        assert run.wait() == 0, run.tail()
-    finally:
-        run.stop(grace_s=120)
+    run, summary = run_to_its_end(OVERRIDES, tmp_path / "run", TIMEOUT_S)
     cfg = run.cfg
-    summary = json.loads((run.run_dir / "summary.json").read_text())
-    assert summary["outcome"] == "done" and summary["policy_version"] == cfg.learner.total_steps, summary
     trajectories, _, found = BufferLog.read(cfg.run_path(cfg.replay_buffer.log_file))
     assert trajectories and not found.skipped
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model.name))
