@@ -48,27 +48,7 @@ def cap_shm_busy_loop() -> None:
     shm_broadcast.SpinCondition.wait = wait
 
 
-def skip_exit_collection() -> None:
-    """At this process's exit, leave its heap out of the interpreter's last garbage collections.
-
-    A vLLM process stopping runs its own teardown (full collections included), and then the
-    interpreter's finalization collects the whole heap again (torch, transformers, vLLM: millions of
-    objects) only to free memory that the exit frees anyway. On a busy 2-core host that made the
-    worker, then the engine core, overrun vLLM's stop timeout: the engine core was killed mid-teardown
-    and the resource tracker it shares with the policy server reported a leaked semaphore (issue 39).
-    atexit handlers run before those collections, and multiprocessing's finalizers (which unlink and
-    unregister the process's semaphores and shared memory) before the handlers: frozen objects are
-    left alone by the collector, nothing else changes. vLLM does the same at a clean ROCm stop."""
-    import atexit
-    import gc
-
-    if not getattr(skip_exit_collection, "registered", False):
-        skip_exit_collection.registered = True
-        atexit.register(gc.freeze)
-
-
 cap_shm_busy_loop()  # runs when the vLLM worker imports this extension
-skip_exit_collection()  # and in every vLLM process that loads it as a plugin (imports this module)
 
 
 class WeightUpdateExtension:

@@ -59,28 +59,3 @@ def test_the_engine_core_is_given_time_to_stop_by_itself():
     PolicyEngine("unused", PolicyServerConfig(), 0, "zmq", engine=StandIn()).shutdown()
     assert timeouts == [ENGINE_STOP_TIMEOUT_S]
     assert 5 < WORKER_STOP_TIMEOUT_S < ENGINE_STOP_TIMEOUT_S < LaunchConfig().stop_grace_s
-
-
-EXIT_PROBE = """
-import sys
-if sys.argv[1] == "plugin":
-    from actors.policy_server import worker_ext  # what vLLM's processes load as a plugin
-class Cycle:
-    def __del__(self):
-        print("collected at exit", flush=True)
-cycle = Cycle()
-cycle.me = cycle
-"""
-
-
-def test_vllm_processes_skip_the_last_collection_at_exit():
-    """The interpreter's last collections of the whole heap at exit made vLLM's worker and engine core
-    overrun their stop timeouts on a 2-core host (issue 39); with the plugin loaded they are skipped."""
-    runs = {
-        mode: subprocess.run(
-            [sys.executable, "-c", EXIT_PROBE, mode], cwd=REPO, capture_output=True, text=True, timeout=120
-        )
-        for mode in ("control", "plugin")
-    }
-    assert runs["control"].stdout.strip() == "collected at exit", runs["control"].stderr
-    assert runs["plugin"].returncode == 0 and runs["plugin"].stdout == "", runs["plugin"].stderr[-2000:]
