@@ -17,7 +17,10 @@ metrics and RSS each second. The audit, each item a list of what broke it (empty
   - a policy server's version never goes backwards once it has served: over the samples where its
     generated tokens grew, across its restarts
   - the memory entries counted as stored before a memory service kill are there after its restart
-  - nothing is left behind: no vLLM or JVM process of the run, nothing new in /dev/shm
+  - nothing is left behind: no vLLM or JVM process of the run (its own: marked in their environment, so
+    another pipeline beside the soak is not counted), nothing new in /dev/shm
+  - liveness: after the last fault, no window without a learner step longer than LIVENESS_FACTOR x the
+    soak's median step gap (each fault's time to the next step is reported: next_step_s)
   - each role's RSS is bounded: its peak in the last third of the soak is at most 1.5x (+256 MB) its
     peak in the first third; the learner's, its resident memory after each step (StepStats.resident_mb,
     the freed heap given back) in the last third of its steps against the first third: its peak
@@ -34,6 +37,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import sqlite3
@@ -41,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -52,6 +57,7 @@ from common.metrics import METRICS_LOG
 from deploy.harness import LaunchedRun, episode_audit, leftover_processes
 from deploy.monitor import scrape, total
 from deploy.run_state import read_state
+from pipeline.config import load_config
 
 RESULTS = REPO / "benchmarks" / "results"
 BASE = 2100  # metrics.base_port: servers 2100-01, buffer 2200, memory 2201, launcher 2202, learner 2300, ...
@@ -70,6 +76,7 @@ class Fault:
     kind: str  # kill | stop
     pick: float  # in [0, 1): which of the roles running then
     stop_s: float  # how long a stopped role stays stopped
+    phase: int = 0  # actor_kill: the episodes of the group already in when its actor is killed
 
 
 @dataclass
@@ -79,16 +86,28 @@ class Injected:
     role: str
     stop_s: float
     recovered_s: float | None = None  # from the fault until the role's metrics answer again (after SIGCONT: from it)
+    next_step_s: float | None = None  # from the fault's end (a stop: its SIGCONT) to the next learner step
 
 
-def schedule(seed: int, minutes: float, gap: tuple[float, float], stop: tuple[float, float]) -> list[Fault]:
-    """The faults of a soak, from its seed alone: one every uniform(gap) seconds for `minutes`."""
+def schedule(
+    seed: int,
+    minutes: float,
+    gap: tuple[float, float],
+    stop: tuple[float, float],
+    actor_kills: float = 0.0,
+    group_size: int = 4,
+) -> list[Fault]:
+    """The faults of a soak, from its seed alone: one every uniform(gap) seconds for `minutes`. A share
+    `actor_kills` of them SIGKILL an env actor in the middle of an episode at a phase of its group (how many
+    of the group's episodes are in: 0, 1, ..., group_size - 1 in turn, so every phase is hit)."""
     rng, faults, t = random.Random(seed), [], 0.0
     while True:
         t += rng.uniform(*gap)
         if t >= minutes * 60:
             return faults
-        faults.append(Fault(round(t, 1), rng.choice(["kill", "stop"]), rng.random(), round(rng.uniform(*stop), 1)))
+        kind = "actor_kill" if rng.random() < actor_kills else rng.choice(["kill", "stop"])
+        phase = sum(f.kind == "actor_kill" for f in faults) % group_size if kind == "actor_kill" else 0
+        faults.append(Fault(round(t, 1), kind, rng.random(), round(rng.uniform(*stop), 1), phase))
 
 
 def role_kind(role: str) -> tuple[str, int]:
@@ -141,19 +160,46 @@ def tree_rss_mb(pid: int | None) -> float | None:
         return None
 
 
+# An actor_kill waits up to this long for its phase (the group's episodes in) and an actor holding a lease
+ACTOR_KILL_WAIT_S = 120.0
+HOLDER = re.compile(r'empo2_replay_buffer_open_slots\{holder="(env_actor\d+)"\}')
+
+
+def leased_actor(run: LaunchedRun, phase: int) -> str | None:
+    """An env actor playing a slot (it holds a lease) while its group has `phase` episodes in, or None. The
+    phase is read from the trajectories accepted so far modulo the group size: the open group's own count
+    when groups are played one at a time (max_open_groups 1), an approximation otherwise."""
+    cfg = run.cfg
+    buffer = scrape(cfg.metrics.host, cfg.metrics.port("replay_buffer"), timeout_s=1.0)
+    accepted = total(buffer, "empo2_replay_buffer_trajectories_accepted_total")
+    if not buffer or int(accepted) % cfg.replay_buffer.group_size != phase:
+        return None
+    holders = sorted(m.group(1) for key, v in buffer.items() if v > 0 and (m := HOLDER.fullmatch(key)))
+    return holders[0] if holders else None
+
+
 def inject(run: LaunchedRun, fault: Fault, sampler: Sampler) -> Injected | None:
-    """The fault on one of the roles running now (none: skipped); a stop lasts fault.stop_s."""
+    """The fault on one of the roles running now (none: skipped); a stop lasts fault.stop_s. An actor_kill
+    waits (up to ACTOR_KILL_WAIT_S) for an env actor mid-episode at the fault's phase of its group."""
     roles = {n: r for n, r in read_state(run.run_dir).get("roles", {}).items() if r.get("up")}
     if not roles:
         return None
     name = sorted(roles)[int(fault.pick * len(roles))]
+    if fault.kind == "actor_kill":
+        deadline = time.monotonic() + ACTOR_KILL_WAIT_S
+        while (name := leased_actor(run, fault.phase)) is None or name not in roles:
+            if time.monotonic() > deadline or not run.alive():
+                print(f"[chaos] no env actor mid-episode at phase {fault.phase}: skipped", flush=True)
+                return None
+            time.sleep(0.2)
+            roles = {n: r for n, r in read_state(run.run_dir).get("roles", {}).items() if r.get("up")}
     done = Injected(round(sampler.since(), 1), fault.kind, name, fault.stop_s if fault.kind == "stop" else 0.0)
     print(
         f"[chaos] t={done.at_s:.0f}s {fault.kind} {name}" + (f" for {fault.stop_s:.0f}s" if done.stop_s else ""),
         flush=True,
     )
     try:
-        if fault.kind == "kill":
+        if fault.kind in ("kill", "actor_kill"):
             os.kill(
                 roles[name]["pid"], signal.SIGKILL
             )  # its main process only, as a crash (the supervisor clears the rest)
@@ -195,6 +241,55 @@ def version_regressions(rows: list[dict]) -> list[str]:
                     found.append(f"{name} at t={r['t']}s served version {e['version']:.0f} after {served[name]:.0f}")
                 served[name] = max(served.get(name, -1), e["version"])
     return found
+
+
+# The liveness item: after the last fault, a window this many median step gaps long without a learner step
+# (while the run went on) is a stall: the kind of wait a dead peer's lease once held for 30 minutes.
+LIVENESS_FACTOR = 4.0
+
+
+def step_times(rows: list[dict]) -> list[float]:
+    """The sample times at which the learner's version first reached each new value."""
+    times, best = [], None
+    for r in rows:
+        steps = r["roles"].get("learner", {}).get("steps")
+        if steps is not None and (best is None or steps > best):
+            if best is not None:
+                times.append(r["t"])
+            best = steps
+    return times
+
+
+def next_steps(faults: list[Injected], rows: list[dict]) -> None:
+    """Each fault's time from its end (a stop: its SIGCONT) to the next learner step (None: none after it)."""
+    times = step_times(rows)
+    for f in faults:
+        end = f.at_s + f.stop_s
+        f.next_step_s = next((round(t - end, 1) for t in times if t > end), None)
+
+
+def liveness(faults: list[Injected], rows: list[dict], factor: float = LIVENESS_FACTOR) -> list[str]:
+    """After the last fault ends, every window between learner steps (and from the fault to the first step)
+    at most `factor` x the soak's median step gap; a run that took no step after it is named too."""
+    times = step_times(rows)
+    if not faults or len(times) < 3:
+        return []
+    gaps = sorted(b - a for a, b in zip(times, times[1:]))
+    bound = factor * gaps[len(gaps) // 2]
+    last = max(f.at_s + f.stop_s for f in faults)
+    after = [last, *(t for t in times if t > last)]
+    end = rows[-1]["t"] if rows else last
+    if len(after) == 1:  # no step after the last fault: stalled if the soak went on long enough to take one
+        return (
+            [f"no learner step in the {end - last:.0f}s after the last fault (bound {bound:.0f}s)"]
+            if end - last > bound
+            else []
+        )
+    return [
+        f"no learner step from t={a:.0f}s to t={b:.0f}s ({b - a:.0f}s, bound {bound:.0f}s: {factor:g} x the median step gap)"
+        for a, b in zip(after, after[1:])
+        if b - a > bound
+    ]
 
 
 def memory_losses(faults: list[Injected], rows: list[dict]) -> list[str]:
@@ -249,9 +344,18 @@ def rss_growth(peaks: dict[str, dict]) -> list[str]:
 
 
 def audit(
-    run: LaunchedRun, rc: int, summary: dict, faults, rows, before: tuple[set, set], steps: int, rss: dict[str, dict]
+    run: LaunchedRun,
+    rc: int,
+    summary: dict,
+    faults,
+    rows,
+    before: tuple[set, set],
+    steps: int,
+    rss: dict[str, dict],
+    mark: str | None = None,
 ) -> dict:
-    """`rss`: per role, the first and last third's memory to judge (rss_growth)."""
+    """`rss`: per role, the first and last third's memory to judge (rss_growth); `mark`: the run's
+    processes' mark (leftover_processes): another pipeline beside the soak is not its leftover."""
     processes_before, shm_before = before
     out = {
         "run": [] if rc == 0 and summary.get("outcome") == "done" and summary.get("policy_version") == steps
@@ -274,9 +378,10 @@ def audit(
     if stored < seen:
         out["memory"].append(f"{stored} entries in the store at the end, {seen:.0f} counted during the soak")
     time.sleep(2)
-    left = {pid: cmd for pid, cmd in leftover_processes().items() if pid not in processes_before}
+    left = {pid: cmd for pid, cmd in leftover_processes(mark).items() if pid not in processes_before}
     out["left_behind"] = [*left.values(), *sorted(set(os.listdir("/dev/shm")) - shm_before)]
     out["rss"] = rss_growth(rss)
+    out["liveness"] = liveness(faults, rows)
     return {**out, "episode_counts": {k: episodes[k] for k in ("logged", "acknowledged")}}
 
 
@@ -324,13 +429,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--actors", type=int, default=2, help="launch.num_env_actors")
     parser.add_argument(
+        "--actor-kills",
+        type=float,
+        default=0.0,
+        help="share of the faults that SIGKILL an env actor mid-episode, at each phase of its group in turn",
+    )
+    parser.add_argument(
         "--run-dir", default=None, help="default: a temporary directory, removed at the end if the audit is clean"
     )
     parser.add_argument("--out", default=str(RESULTS / "chaos.json"))
     parser.add_argument("overrides", nargs="*", help="more key=value overrides (e.g. learner.micro_batch_tokens=4096)")
     args = parser.parse_args(argv)
     header = run_header([".venv/bin/python", "-m", "benchmarks.chaos"], sys.argv[1:] if argv is None else argv)
-    faults = schedule(args.seed, args.minutes, tuple(args.gap), tuple(args.stop))
+    group_size = load_config([f"profile={args.profile}", *args.overrides]).replay_buffer.group_size
+    faults = schedule(args.seed, args.minutes, tuple(args.gap), tuple(args.stop), args.actor_kills, group_size)
     out = Path(args.out)
     write_result(out, {**header, "schedule": [asdict(f) for f in faults], "state": "running"})
     overrides = [
@@ -345,9 +457,10 @@ def main(argv: list[str] | None = None) -> int:
         "launch.progress_every_s=30",
         *args.overrides,
     ]
-    before = (set(leftover_processes()), set(os.listdir("/dev/shm")))
+    mark = uuid.uuid4().hex  # the soak's own processes (leftover_processes): not another pipeline's beside it
+    before = (set(leftover_processes(mark)), set(os.listdir("/dev/shm")))
     root = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="empo2-chaos-"))
-    run = LaunchedRun(overrides, root / "run", args.minutes * 60 * 3, cwd=REPO)
+    run = LaunchedRun(overrides, root / "run", args.minutes * 60 * 3, cwd=REPO, mark=mark)
     injected: list[Injected] = []
     sampler = Sampler(run)
     try:
@@ -369,9 +482,10 @@ def main(argv: list[str] | None = None) -> int:
     sampler.join(5)
     summary = json.loads((run.run_dir / "summary.json").read_text()) if (run.run_dir / "summary.json").exists() else {}
     recovery(injected, sampler.rows)
+    next_steps(injected, sampler.rows)
     peaks, floors = rss_peaks(sampler.rows), learner_floors(run.cfg.run_path(METRICS_LOG))
     # the learner judged by its memory after each step; its sampled peak is reported only
-    report = audit(run, rc, summary, injected, sampler.rows, before, args.steps, {**peaks, "learner": floors})
+    report = audit(run, rc, summary, injected, sampler.rows, before, args.steps, {**peaks, "learner": floors}, mark)
     clean = not any(v for k, v in report.items() if k != "episode_counts")
     if not args.run_dir and clean:
         shutil.rmtree(root, ignore_errors=True)

@@ -28,15 +28,23 @@ T = TypeVar("T")
 LEFTOVER_NAMES = re.compile(r"VLLM|java", re.I)
 
 
-def leftover_processes() -> dict[int, str]:
+# Set in the environment of a LaunchedRun given a `mark`: inherited by every process the run starts (its
+# roles, their vLLM workers and JVMs), so leftover_processes(mark) sees that run's processes and no other's.
+RUN_MARK_ENV = "EMPO2_RUN_MARK"
+
+
+def leftover_processes(mark: str | None = None) -> dict[int, str]:
     """pid -> command line of every process of the kinds a role leaves behind when it is killed badly;
-    compared before and after a run, the difference is what the run left."""
+    compared before and after a run, the difference is what the run left. `mark`: only the processes of
+    the LaunchedRun started with it (another pipeline running beside it, e.g. an evaluation, is not its)."""
     found = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 comm = (entry / "comm").read_text().strip()
+                if mark is not None and f"{RUN_MARK_ENV}={mark}".encode() not in (entry / "environ").read_bytes():
+                    continue
             except OSError:
                 continue
             if LEFTOVER_NAMES.search(comm) or LEFTOVER_NAMES.search(cmdline.split(" ")[0]):
@@ -52,13 +60,22 @@ class LaunchedRun:
     """empo2-run with `overrides` in `run_dir` (made if missing), started at once. `timeout_s`: the
     deadline of every wait; `cwd`: the launcher's working directory (relative paths of the config)."""
 
-    def __init__(self, overrides: list[str], run_dir: Path, timeout_s: float = math.inf, cwd: Path | None = None):
+    def __init__(
+        self,
+        overrides: list[str],
+        run_dir: Path,
+        timeout_s: float = math.inf,
+        cwd: Path | None = None,
+        mark: str | None = None,
+    ):
+        """`mark`: set as RUN_MARK_ENV in the environment of every process of the run (leftover_processes)."""
         self.run_dir = run_dir
         self.overrides = [*overrides, f"run_dir={run_dir}"]
         self.cfg = load_config(self.overrides)
         self.out = run_dir / "launch.out"
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.launcher = spawn_command("empo2-run", self.overrides, self.out, cwd=cwd)
+        env = {RUN_MARK_ENV: mark} if mark is not None else None
+        self.launcher = spawn_command("empo2-run", self.overrides, self.out, cwd=cwd, env_extra=env)
         self.deadline = time.monotonic() + timeout_s
 
     def alive(self) -> bool:

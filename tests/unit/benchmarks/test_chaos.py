@@ -116,3 +116,54 @@ def test_a_short_soak_ends_at_its_target_with_a_clean_audit(tmp_path):
     audit = result["audit"]
     # the RSS too: an env actor's ScienceWorld JVM grew 1.25 -> 2.25 GB in this run before env.jvm_max_heap_mb
     assert rc == 0 and result["clean"], json.dumps(audit, indent=1)
+
+
+def test_actor_kills_hit_every_phase_of_a_group_in_turn():
+    faults = chaos.schedule(5, 60, (20, 40), (5, 30), actor_kills=0.5, group_size=4)
+    kills = [f for f in faults if f.kind == "actor_kill"]
+    assert len(kills) >= 8 and [f.phase for f in kills][:8] == [0, 1, 2, 3, 0, 1, 2, 3]
+    plain = chaos.schedule(5, 60, (20, 40), (5, 30))  # the default: no actor kills, the same seed's schedule
+    assert plain == chaos.schedule(5, 60, (20, 40), (5, 30), actor_kills=0.0)
+    assert all(f.kind != "actor_kill" for f in plain)
+
+
+def _learner(steps: float) -> dict:
+    return {"steps": steps}
+
+
+def test_liveness_finds_a_window_without_a_step_after_the_last_fault():
+    # a step every 10 s, a fault at t=35; then steps at 40, 50 and (a stall) 120
+    steady = [_row(t, learner=_learner(t // 10)) for t in range(0, 60)]
+    kill = chaos.Injected(at_s=35, kind="actor_kill", role="env_actor1", stop_s=0)
+    assert chaos.step_times(steady)[:3] == [10, 20, 30]
+    assert chaos.liveness([kill], steady) == []
+    stalled = [*steady, *(_row(t, learner=_learner(5)) for t in range(60, 120)), _row(120, learner=_learner(6))]
+    assert chaos.liveness([kill], stalled) == [
+        "no learner step from t=50s to t=120s (70s, bound 40s: 4 x the median step gap)"
+    ]
+    chaos.next_steps([kill], stalled)
+    assert kill.next_step_s == 5  # t=40, 5 s after the kill
+    # no step at all after the last fault, for longer than the bound
+    dead = [*steady[:36], *(_row(t, learner=_learner(3)) for t in range(36, 100))]
+    assert chaos.liveness([kill], dead) == ["no learner step in the 64s after the last fault (bound 40s)"]
+
+
+def test_the_leftover_scan_sees_only_the_marked_runs_processes(monkeypatch):
+    """A process is the run's when its environment holds the run's mark (inherited from the launcher)."""
+    import subprocess
+    import sys
+
+    from deploy import harness
+
+    monkeypatch.setattr(harness, "LEFTOVER_NAMES", harness.re.compile(r"python", harness.re.I))
+    marked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                              env={**__import__("os").environ, harness.RUN_MARK_ENV: "soak-a"})  # fmt: skip
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        mine = harness.leftover_processes("soak-a")
+        assert marked.pid in mine and other.pid not in mine
+        assert {marked.pid, other.pid} <= set(harness.leftover_processes())  # unmarked: the whole machine
+    finally:
+        for p in (marked, other):
+            p.kill()
+            p.wait()
