@@ -544,3 +544,10 @@ class Learner:
 
 def main(learner: LearnerConfig, weight_sync: WeightSyncConfig, herl: HerlConfig, run: RunFacts) -> None:
     run_role("learner", run, lambda: Learner(learner, weight_sync, run, herl))
+
+
+if __name__ == "__main__":  # `python -m learner.train` once ran nothing and exited 0: say what to run
+    raise SystemExit(
+        "learner/train.py is not a command: run `empo2-learner [key=value ...]`, or on N devices "
+        "`torchrun --nproc_per_node=N -m pipeline empo2-learner [key=value ...]`"
+    )
