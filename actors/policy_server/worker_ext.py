@@ -48,7 +48,50 @@ def cap_shm_busy_loop() -> None:
     shm_broadcast.SpinCondition.wait = wait
 
 
+def exit_like_a_forked_child() -> None:
+    """In a process that vLLM started (engine core, worker: multiprocessing's spawn), end it as
+    multiprocessing ends a forked child: once the process's target has returned and
+    multiprocessing's finalizers have run (they unlink and unregister its semaphores and shared
+    memory), the atexit handlers run and the process exits with its exit status, without the
+    interpreter's finalization: its last collections of the whole heap (torch, transformers, vLLM)
+    free only what the exit frees anyway, and on a busy 2-core host they made the worker, then the
+    engine core, overrun vLLM's stop timeout: the core was killed mid-teardown and the resource
+    tracker it shares with the policy server reported a leaked semaphore (issue 39). A process that
+    exits another way (an exception at its top level) is left as it is."""
+    import multiprocessing
+    import sys
+
+    if multiprocessing.parent_process() is None or getattr(sys.exit, "empo2_fork_like", False):
+        return
+    plain_exit = sys.exit
+
+    def exit(status=None):
+        caller = sys._getframe(1).f_code
+        if caller.co_name != "spawn_main" or not caller.co_filename.endswith("multiprocessing/spawn.py"):
+            plain_exit(status)
+        import atexit
+
+        if status is None:
+            code = 0
+        elif isinstance(status, int):
+            code = status
+        else:
+            print(status, file=sys.stderr)
+            code = 1
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+    exit.empo2_fork_like = True
+    sys.exit = exit
+
+
 cap_shm_busy_loop()  # runs when the vLLM worker imports this extension
+exit_like_a_forked_child()  # and in every vLLM process that loads it as a plugin (imports this module)
 
 
 class WeightUpdateExtension:
