@@ -38,7 +38,7 @@ from learner.exploration import METRICS as EXPLORATION
 
 SMOOTHING = 5  # steps in the training score's moving average (score.png)
 BAND = f"{SMOOTHING}-step moving mean ± 1 std"  # what score.png's line and band are, in its legend
-SCORE = "score (0 to 100; -100: a failed focus)"  # ScienceWorld's episode score, an axis label
+SCORE = "score\n(0 to 100; -100: a failed focus)"  # ScienceWorld's episode score, an axis label
 WAIT = "batch_wait"  # the learner's idle phase: time_breakdown.png draws it beside the step, not in it
 
 
@@ -60,15 +60,25 @@ def _percent_axis(ax, label: str) -> None:
     ax.yaxis.set_major_formatter(PercentFormatter(100, decimals=0))
 
 
+def _from_zero(ax) -> None:
+    """A y axis of counts (never negative) from 0, and at least to 1: counts that stay 0 are a line at
+    the bottom, not noise on a -0.04 to 0.04 axis."""
+    high = ax.get_ylim()[1]
+    ax.set_ylim(0, max(high, 1.0))
+
+
 def _figure_legend(fig, axes, title: str | None = None, ncol: int = 2) -> None:
     """One legend for the figure's panels (their entries by label, once each), below them: it covers no data."""
     entries: dict[str, object] = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             entries.setdefault(label, handle)
-    if entries:
-        fig.legend(list(entries.values()), list(entries), loc="outside lower center", ncol=min(ncol, len(entries)),
-                   fontsize=8, title=title, title_fontsize=8, frameon=False)  # fmt: skip
+    if entries:  # long labels (a long run name) wrapped, and in fewer columns: the legend fits the figure's width
+        labels = [textwrap.fill(label, 55, break_on_hyphens=False) for label in entries]
+        longest = max(len(line) for label in labels for line in label.splitlines()) + 8  # + the handle
+        ncol = max(1, min(ncol, len(entries), int(14 * fig.get_figwidth()) // longest))  # ~14 characters an inch
+        fig.legend(list(entries.values()), labels, loc="outside lower center", ncol=ncol, fontsize=8, title=title,
+                   title_fontsize=8, frameon=False)  # fmt: skip
 
 
 def read_log(run_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -211,9 +221,10 @@ def plot_runs(run_dirs: list[Path], out: Path) -> list[Path]:
     return written
 
 
-def _title(ax, text: str, width: int = 60) -> None:
-    """A title wrapped to the panel's width (a long run name does not run off the figure)."""
-    ax.set_title(textwrap.fill(text, width), fontsize=10)
+def _title(ax, name: str, what: str, width: int = 60) -> None:
+    """A run's panel title: its name (wrapped to the panel's width: a long one does not run off the
+    figure) over what the panel shows."""
+    ax.set_title(textwrap.fill(name, width, break_on_hyphens=False) + "\n" + what, fontsize=10)
 
 
 def _time_figure(plt, runs: list[tuple[str, list[dict], list[dict]]]):
@@ -245,9 +256,9 @@ def _time_figure(plt, runs: list[tuple[str, list[dict], list[dict]]]):
             if phases:
                 ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, frameon=False)
         learner_ax.set_ylabel("seconds (wall)")
-        _title(learner_ax, f"{name}: learner seconds per step, by phase")
+        _title(learner_ax, name, "learner: seconds per step, by phase")
         actor_ax.set_ylabel("actor-seconds (summed over episodes)")
-        _title(actor_ax, f"{name}: actor time in the batch's episodes, by phase")
+        _title(actor_ax, name, "actors: time in the batch's episodes, by phase")
     return fig
 
 
@@ -286,6 +297,8 @@ def _exploration_figure(plt, runs: list[tuple[str, list[dict], list[dict]]]):
     _percent_axis(collapsed, "% of the batch's groups")
     collapsed.set_title("groups whose episodes share one state sequence")
     entropy.set(ylabel="entropy (nats per token)", title="policy entropy at response tokens")
+    for ax in (states, actions, entropy):
+        _from_zero(ax)
     for ax in axes.flat:
         _step_axis(ax)
         ax.grid(alpha=0.3)
@@ -295,7 +308,7 @@ def _exploration_figure(plt, runs: list[tuple[str, list[dict], list[dict]]]):
 
 def _memory_figure(plt, runs: list[tuple[str, list[dict], list[dict]]]):
     """learner/memory_use.py's metrics vs step: how much EMPO2's memory engaged."""
-    fig, (shares, counts) = plt.subplots(1, 2, figsize=(11, 5), layout="constrained")
+    fig, (shares, counts) = plt.subplots(1, 2, figsize=(11, 5.5), layout="constrained")
     for i, (name, steps, _) in enumerate(runs):
         color = f"C{i % 10}"
         for key, style, label in (
@@ -310,9 +323,10 @@ def _memory_figure(plt, runs: list[tuple[str, list[dict], list[dict]]]):
                         label=f"{name}: {label}", markersize=4)  # fmt: skip
         xs, ys = _series([r for r in steps if r.get("r_int_spread_mean") is not None], "step", "r_int_spread_mean")
         counts.plot(xs, [10 * y for y in ys], "s--", color=color, label=f"{name}: r_int's std in a group x 10")
-    _percent_axis(shares, "% of the batch's turns (of its tip turns: trained)")
+    _percent_axis(shares, "% of the batch's turns\n(tip turns trained: % of tip turns)")
     shares.set_title("memory use per step")
     counts.set(ylabel="memories (r_int std x 10)", title="retrievals and the intrinsic reward")
+    _from_zero(counts)
     for ax in (shares, counts):
         _step_axis(ax)
         ax.grid(alpha=0.3)
