@@ -9,7 +9,7 @@ records, evaluation/eval.py) and writes, to --out (default <first run>/plots):
                       with their 95% intervals where the records carry them
   eval.png            evaluation score and success rate vs learner step, runs overlaid, with
                       their intervals (an eval record's "<field>_ci": [low, high]) where present
-  training.png        loss, clip fraction and masked fraction vs step
+  training.png        loss, clip fraction and masked fraction (as % of the batch) vs step
   exploration.png     distinct states per episode and per group, distinct actions per group, the
                       fraction of collapsed groups (learner/exploration.py) and the policy's
                       entropy, vs step: written when the records carry them
@@ -18,11 +18,13 @@ records, evaluation/eval.py) and writes, to --out (default <first run>/plots):
                       written when the records carry them
   curves.png          with --arm NAME=DIR,DIR,... (repeated): per arm, its seeds' training success and
                       score vs step, the mean in a band of the min and max over seeds
-  time_breakdown.png  per run, stacked seconds per step: the learner's phases (batch wait, score,
-                      forward/backward, optimizer, push, ...) and the actors' rollout phases
-                      (generation, env step, memory retrieval, ...) (the paper's Figure 12)
+  time_breakdown.png  per run, seconds per step: the learner's phases stacked (samples, score,
+                      forward/backward, optimizer, push, ...) with its batch wait as a hatched bar
+                      beside them (idle time, not part of the step), and the actors' rollout phases
+                      stacked (generation, env step, memory retrieval, ...) (the paper's Figure 12)
 A figure without data in any run (eval.png before any evaluation) is not written; the command
-says which it wrote.
+says which it wrote. Every step axis has whole steps; fractions are drawn as 0-100 %, counts from 0;
+legends sit below the panels (time_breakdown: beside them), so they cover no data.
 """
 
 from __future__ import annotations
