@@ -45,11 +45,15 @@ WAIT = "batch_wait"  # the learner's idle phase: time_breakdown.png draws it bes
 
 
 def _step_axis(ax, label: str = "learner step") -> None:
-    """An x axis of learner steps: whole steps only (no 1.2, 1.4 with a few steps)."""
+    """An x axis of learner steps: whole steps only (no 1.2, 1.4 with a few steps). Called once the
+    panel is drawn: a range under 2 steps (a run of one step) is widened to 2, which has whole ticks."""
     from matplotlib.ticker import MaxNLocator
 
     ax.set_xlabel(label)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    low, high = ax.get_xlim()
+    if high - low < 2:
+        ax.set_xlim((low + high) / 2 - 1, (low + high) / 2 + 1)
 
 
 def _percent_axis(ax, label: str) -> None:

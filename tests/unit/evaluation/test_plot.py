@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.plot import _with_intervals, main, moving_band, read_log
+from evaluation.plot import _step_axis, _with_intervals, main, moving_band, read_log
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_a"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -204,6 +204,16 @@ def test_every_step_axis_has_whole_steps(figures):  # the short run's own panels
             if ax.get_xlabel().startswith("learner step"):
                 ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
                 assert ticks and all(float(t).is_integer() for t in ticks), (name, ticks)
+
+
+def test_a_run_of_one_step_has_whole_step_ticks_too():
+    from matplotlib.figure import Figure
+
+    ax = Figure().subplots()
+    ax.plot([1], [0.1], ".")  # one step: matplotlib's own axis runs 0.945 to 1.05
+    _step_axis(ax)
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert 1 in ticks and all(float(t).is_integer() for t in ticks), ticks
 
 
 def test_fractions_are_drawn_on_0_to_100_percent(figures):
