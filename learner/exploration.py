@@ -51,10 +51,9 @@ def state_key(room: str, inventory: str, objects: Iterable[str]) -> str:
 
 def episode_states(t: Trajectory) -> list[str]:
     """The state of each turn of an episode, where it chose the turn's action."""
-    inventories_before = [t.start_inventory, *t.inventories[:-1]]
     return [
         state_key(room_of(observation), inventory, visible_objects(observation))
-        for observation, inventory in zip(t.observations, inventories_before)
+        for observation, inventory in zip(t.observations, t.inventories_before())
     ]
 
 

@@ -771,6 +771,11 @@ class Trajectory(Message):
     def turn_response_mask(self, i: int) -> np.ndarray:
         return self.response_mask[self.response_offsets[i] : self.response_offsets[i + 1]]
 
+    def inventories_before(self) -> list[str]:
+        """What the agent carried in each turn's state, before its action: turn i-1's inventory after its
+        action, start_inventory before turn 0."""
+        return [self.start_inventory, *self.inventories[:-1]]
+
     def turn_tip_spans(self, i: int) -> list[tuple[int, int]]:
         return [(s, e) for t, s, e in self.tip_spans.tolist() if t == i]
 

@@ -338,8 +338,7 @@ class EnvWorker:
             score=trajectory.score,
             observations=trajectory.observations,
             actions=trajectory.actions,
-            # each observed state's inventory: before turn i, turn i-1's after its action
-            inventories=[trajectory.start_inventory, *trajectory.inventories[:-1]],
+            inventories=trajectory.inventories_before(),  # each observed state's
             strategy=next((s for s in trajectory.strategies if s), ""),
             strategy_temperature=trajectory.strategy_temperature,
             reflect=self.run_facts.memory_in_use,  # tips only where some rollouts read them

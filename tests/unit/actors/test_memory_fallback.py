@@ -52,7 +52,7 @@ def test_episode_reports_skip_a_down_memory_service(stub_server):
     worker = _worker(endpoint, retry_after_s=30)
     trajectory = SimpleNamespace(
         episode_id="e", task="t", variation=0, score=0.0, observations=["o"], actions=["a"], strategies=[""],
-        strategy_temperature=0.0, start_inventory="", inventories=[""],
+        strategy_temperature=0.0, inventories_before=lambda: [""],
     )  # fmt: skip
     episode = Episode(trajectory, "task", EpisodeStats())
     try:
