@@ -21,7 +21,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from learner.advantages import CountBonus
 from protocol.messages import TIP_MODES, Trajectory
+
+UNIT_COUNT_BONUS = CountBonus(1.0)
 
 METRICS = (
     "tip_turn_fraction",
@@ -54,13 +57,11 @@ def memory_stats(trajectories: Sequence[Trajectory]) -> dict:
         for n, ok in zip(t.num_memories.tolist(), t.memory_retrieved.tolist())
         if ok
     ]
+    # r_int of each tip-mode turn as the learner's count bonus computes it, at coefficient 1
+    tipped = [t for t in trajectories if t.mode in TIP_MODES]
     groups: dict[str, list[float]] = {}
-    for t in trajectories:
-        if t.mode in TIP_MODES:
-            bonus = [
-                1.0 / (n + 1) if ok else 0.0 for n, ok in zip(t.num_memories.tolist(), t.memory_retrieved.tolist())
-            ]
-            groups.setdefault(t.group_id, []).extend(bonus)
+    for t, bonus in zip(tipped, UNIT_COUNT_BONUS(tipped)):
+        groups.setdefault(t.group_id, []).extend(bonus.tolist())
     spreads = [statistics.pstdev(r) for r in groups.values() if r]
     return {
         "tip_turn_fraction": sum(map(sum, shown)) / turns if turns else None,
