@@ -24,7 +24,6 @@ from protocol.messages import (
     AssignmentRequest,
     ErrorReply,
     GenerateRequest,
-    GenerateResponse,
     LeaseRenewal,
     Ping,
     Pong,
@@ -123,21 +122,13 @@ def test_a_worker_whose_slot_is_lost_drops_the_episode_at_its_next_turn(stub_ser
         return given[-1]
 
     def slow_policy(msg):
-        if isinstance(msg, Ping):
-            return Pong(role="policy_server", policy_version=3, ready=True)
-        assert isinstance(msg, GenerateRequest)
-        deadline = time.monotonic() + 5
-        while not lost and time.monotonic() < deadline:  # until the keeper has been told
-            time.sleep(0.01)
-        time.sleep(0.1)
-        return GenerateResponse(
-            request_id=msg.request_id,
-            token_ids=np.array([7, 8], np.int32),
-            logprobs=np.array([-0.5, -0.25], np.float32),
-            text="open door",
-            policy_version=3,
-            finish_reason="stop",
-        )
+        """policy_answer, a generation answered only once the keeper has been told the lease is lost."""
+        if isinstance(msg, GenerateRequest):
+            deadline = time.monotonic() + 5
+            while not lost and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.1)
+        return policy_answer(msg)
 
     buffer, policy, memory = stub_server(buffer_answer), stub_server(slow_policy), stub_server(memory_answer)
     worker = EnvWorker(
