@@ -347,13 +347,13 @@ def train(name: str, method: list[str], seed: int, run_dir: Path, tasks: list[st
 
 
 def final_evaluation(run_dir: Path, args) -> tuple[dict, dict] | None:
-    """(results.json, {(task, variation, seed): score}) of a run's final evaluation (the one of
-    --variations x --episodes, not a periodic one), or None if it has none yet."""
+    """(results.json, {(task, variation, seed): episode record (score, done, success)}) of a run's final
+    evaluation (the one of --variations x --episodes, not a periodic one), or None if it has none yet."""
     for result_dir in sorted((run_dir / "eval").glob("*")):
         report = json.loads((result_dir / "results.json").read_text())
         if (report["variations_per_task"], report["episodes_per_variation"]) == (args.variations, args.episodes):
             episodes = EpisodeLog(result_dir / EPISODES_FILE).read().values()
-            return report, {(e["task"], e["variation"], e["seed"]): e["score"] for e in episodes}
+            return report, {(e["task"], e["variation"], e["seed"]): e for e in episodes}
     return None
 
 
@@ -363,24 +363,14 @@ def method_scores(evaluations: list[dict]) -> dict:
     return {u: statistics.fmean(e[u] for e in evaluations if u in e) for u in units}
 
 
-def final_records(run_dir: Path, args) -> tuple[dict, dict] | None:
-    """As final_evaluation, with each unit's whole episode record (score, done, success) instead of its
-    score alone: (results.json, {(task, variation, seed): record}), or None."""
-    for result_dir in sorted((run_dir / "eval").glob("*")):
-        report = json.loads((result_dir / "results.json").read_text())
-        if (report["variations_per_task"], report["episodes_per_variation"]) == (args.variations, args.episodes):
-            episodes = EpisodeLog(result_dir / EPISODES_FILE).read().values()
-            return report, {(e["task"], e["variation"], e["seed"]): e for e in episodes}
-    return None
-
-
-# beside the mean score, the rates a primary measure may be: the evaluation's success (done and score > 70)
-# and an episode scoring at least RATE_SCORE
+# beside the mean score, the rates a primary measure may be, per episode record: the evaluation's success
+# (done and score > 70) and an episode scoring at least RATE_SCORE
 RATE_SCORE = 50.0
-RATES = {
-    "success_rate": lambda e: bool(e["success"]),
-    "rate_50": lambda e: e["score"] >= RATE_SCORE,
+HITS = {
+    "success": lambda e: bool(e["success"]),
+    "ge50": lambda e: e["score"] >= RATE_SCORE,
 }
+RATES = {"success_rate": HITS["success"], "rate_50": HITS["ge50"]}  # the report's names
 # the p-value families Holm's adjustment is applied to, each across every comparison reported that has one
 HOLM_FAMILIES = {
     "seed_t": "seed level: the t-test p-values (Welch between methods, one-sample against a fixed policy)",
@@ -436,11 +426,7 @@ def holm_adjusted(compared: list[dict]) -> None:
 
 # What the pairs, seed-level tests and CIs compare, per episode record (--measure): the score, or a rate in
 # % (an episode's 100 or 0): scoring >= 50, or a success (done with score > 70, Trajectory.success)
-MEASURES = {
-    "score": lambda e: e["score"],
-    "ge50": lambda e: 100.0 * (e["score"] >= 50),
-    "success": lambda e: 100.0 * bool(e["success"]),
-}
+MEASURES = {"score": lambda e: e["score"], **{name: (lambda e, hit=hit: 100.0 * hit(e)) for name, hit in HITS.items()}}
 
 
 MEASURE_WORDS = {
@@ -463,20 +449,20 @@ def collect_compare(root: Path, args) -> int:
     policies: dict[str, list[dict]] = {BASE: []}  # method -> each evaluation's (training seed's) unit records
     seeds_of: dict[str, list[int]] = {}  # method -> the training seed of each of its evaluations, in order
     evaluations = []
-    base = final_records(root / BASE, args)
+    base = final_evaluation(root / BASE, args)
     if base is None:
         raise SystemExit(f"no base evaluation under {root / BASE}: run compare without --collect first")
     policies[BASE].append(base[1])
     evaluations.append({"method": BASE, "seed": None, "report": base[0]})
     training = {}
     for name, dirs in run_dirs(root, args.seeds, args.presets).items():
-        warm_start = final_records(root / name / SPA_STAGE, args) if name in args.spa else None
+        warm_start = final_evaluation(root / name / SPA_STAGE, args) if name in args.spa else None
         if warm_start is not None:
             policies[sft_policy(name)] = [warm_start[1]]
             evaluations.append({"method": sft_policy(name), "seed": None, "report": warm_start[0]})
         policies[name], seeds_of[name] = [], []
         for seed, run_dir in zip(args.seeds, dirs):
-            found = final_records(run_dir, args)
+            found = final_evaluation(run_dir, args)
             if found is None:
                 print(f"[learning_check] {run_dir}: no final evaluation yet, left out", flush=True)
                 continue
