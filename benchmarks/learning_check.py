@@ -50,7 +50,7 @@ from common.model_prep import EMBEDDED_MODEL, resolve_model
 from common.scienceworld import ScienceWorld, task_names
 from deploy.lockstep import step_records
 from evaluation.config import EvalConfig
-from evaluation.eval import EPISODES_FILE, EpisodeLog, summarize, write_results
+from evaluation.eval import EPISODES_FILE, EpisodeLog, PolicyChoice, policy_step, summarize, write_results
 from evaluation.stats import (
     clustered_detectable,
     clustered_estimate,
@@ -254,6 +254,7 @@ def compare(args) -> int:
         # a policy already evaluated on this design is kept, so a compare with one more method adds it
         if final_evaluation(root / BASE, args) is None:
             _eval(root / BASE, args.lock, [*evaluation, "eval.policy=base"])
+        methods = {}
         for spec in args.presets:
             name, method = method_overrides(spec)
             if name in args.spa:  # SPA's two stages: the warm start once, then each seed's RL from its checkpoint
@@ -262,8 +263,12 @@ def compare(args) -> int:
                 if final_evaluation(stage, args) is None:  # the warm start alone, before any RL
                     _eval(stage, args.lock, [*evaluation, "eval.policy=base", f"model.name={checkpoint}"])
                 method = [*method, f"model.name={checkpoint}"]
-            for seed, run_dir in zip(args.seeds, run_dirs(root, args.seeds, [spec])[name]):
-                if final_evaluation(run_dir, args) is not None:
+            methods[name] = method
+        # seed by seed, every method at each: a compare stopped part-way leaves arms with equal numbers of runs
+        for seed in args.seeds:
+            for name, method in methods.items():
+                run_dir = root / name / f"seed{seed}"
+                if final_evaluation(run_dir, args, args.steps or None) is not None:
                     print(f"[learning_check] {run_dir}: trained and evaluated already, kept", flush=True)
                     continue
                 train(name, method, seed, run_dir, tasks, args)
@@ -346,15 +351,22 @@ def train(name: str, method: list[str], seed: int, run_dir: Path, tasks: list[st
     subprocess.run(_locked(args.lock, argv), cwd=REPO)  # ends by its timeout
 
 
-def final_evaluation(run_dir: Path, args) -> tuple[dict, dict] | None:
+def final_evaluation(run_dir: Path, args, step: int | None = None) -> tuple[dict, dict] | None:
     """(results.json, {(task, variation, seed): episode record (score, done, success)}) of a run's final
-    evaluation (the one of --variations x --episodes, not a periodic one), or None if it has none yet."""
-    for result_dir in sorted((run_dir / "eval").glob("*")):
+    evaluation: of --variations x --episodes, of the newest policy scored on that design (a periodic
+    evaluation with --eval-every-variations 0 has the same design, at an earlier step) and, given `step`,
+    of that learner step's checkpoint (a run stopped before its last step has not been evaluated yet,
+    whatever its periodic evaluations scored); None if there is none yet."""
+    scored = {}
+    for result_dir in (run_dir / "eval").glob("*"):
         report = json.loads((result_dir / "results.json").read_text())
         if (report["variations_per_task"], report["episodes_per_variation"]) == (args.variations, args.episodes):
-            episodes = EpisodeLog(result_dir / EPISODES_FILE).read().values()
-            return report, {(e["task"], e["variation"], e["seed"]): e for e in episodes}
-    return None
+            scored[policy_step(PolicyChoice(result_dir.name, ""))] = (result_dir, report)
+    if not scored or (step is not None and step not in scored):
+        return None
+    result_dir, report = scored[max(scored) if step is None else step]
+    episodes = EpisodeLog(result_dir / EPISODES_FILE).read().values()
+    return report, {(e["task"], e["variation"], e["seed"]): e for e in episodes}
 
 
 def method_scores(evaluations: list[dict]) -> dict:
@@ -462,7 +474,7 @@ def collect_compare(root: Path, args) -> int:
             evaluations.append({"method": sft_policy(name), "seed": None, "report": warm_start[0]})
         policies[name], seeds_of[name] = [], []
         for seed, run_dir in zip(args.seeds, dirs):
-            found = final_evaluation(run_dir, args)
+            found = final_evaluation(run_dir, args, args.steps or None)
             if found is None:
                 print(f"[learning_check] {run_dir}: no final evaluation yet, left out", flush=True)
                 continue
@@ -538,15 +550,23 @@ def collect_compare(root: Path, args) -> int:
     return 0
 
 
+# A finished run's diagnostics, written the first time it is collected: they read its checkpoints, memory
+# and logs, which a committed run directory does not keep (benchmarks/results/learning_curves_runs/.gitignore)
+DIAGNOSTICS = "diagnostics.json"
+
+
 def training_summary(run_dir: Path) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
+    kept = run_dir / DIAGNOSTICS
+    if not kept.exists():
+        kept.write_text(json.dumps(diagnostics(run_dir), indent=1))
     return {
         "wall_seconds": summary["wall_seconds"],
         "learner_steps": max(summary["server_versions_at_end"]),  # the version the servers ended on
         "episodes": summary["episodes"],
         "reflections": summary["reflections"],
         "restarts": {role: n for role, n in summary["restarts"].items() if n},
-        **diagnostics(run_dir),
+        **json.loads(kept.read_text()),
     }
 
 

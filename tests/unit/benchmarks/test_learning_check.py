@@ -171,14 +171,14 @@ def test_a_method_is_a_preset_or_a_named_variant_of_one():
 
 def test_compare_trains_only_the_runs_not_yet_evaluated_on_the_design(tmp_path, monkeypatch):
     """A compare with one more method adds it: the base model and the runs already evaluated are kept."""
-    args = SimpleNamespace(tasks=["boil"], run_root=str(tmp_path), variations=1, episodes=1, collect=False,
+    args = SimpleNamespace(tasks=["boil"], run_root=str(tmp_path), variations=1, episodes=1, collect=False, steps=0,
                            seeds=[0], presets=["grpo", "v=herl,herl.gamma=0.1"], lock="", spa=[],
                            overrides=[])  # fmt: skip
     monkeypatch.setattr(
         lc, "check_design_horizon", lambda a: None
     )  # boil's gold paths: tests/unit/benchmarks/test_horizon.py
     done = {tmp_path / "base", tmp_path / "grpo" / "seed0"}
-    monkeypatch.setattr(lc, "final_evaluation", lambda run_dir, a: {} if run_dir in done else None)
+    monkeypatch.setattr(lc, "final_evaluation", lambda run_dir, a, step=None: {} if run_dir in done else None)
     trained, evaluated = [], []
     monkeypatch.setattr(lc, "train", lambda name, method, seed, run_dir, tasks, a: trained.append((name, method)))
     monkeypatch.setattr(lc, "_eval", lambda run_dir, lock, overrides: evaluated.append((run_dir, overrides[:2])))
@@ -209,7 +209,7 @@ def test_a_training_run_keeps_its_micro_batches_at_1024_by_default(tmp_path, mon
 def test_an_spa_method_trains_each_seed_from_one_timed_warm_start_and_reports_it(tmp_path, monkeypatch):
     """--spa: `empo2-spa all` runs once per method, before its seeds; each seed trains and is evaluated from
     the SFT checkpoint (model.name); the report gives the warm start's time and the SFT's held-out figures."""
-    args = SimpleNamespace(tasks=["boil"], run_root=str(tmp_path), variations=1, episodes=1, collect=False,
+    args = SimpleNamespace(tasks=["boil"], run_root=str(tmp_path), variations=1, episodes=1, collect=False, steps=0,
                            seeds=[0, 1], presets=["s=empo2"], lock="", spa=["s"], overrides=[])  # fmt: skip
     monkeypatch.setattr(lc, "check_design_horizon", lambda a: None)
     stage = tmp_path / "s" / lc.SPA_STAGE
@@ -229,7 +229,9 @@ def test_an_spa_method_trains_each_seed_from_one_timed_warm_start_and_reports_it
         (stage / "spa" / "sft_report.json").write_text(json.dumps(report))
 
     monkeypatch.setattr(lc.subprocess, "run", run_spa)
-    monkeypatch.setattr(lc, "final_evaluation", lambda run_dir, a: {} if run_dir == tmp_path / "base" else None)
+    monkeypatch.setattr(
+        lc, "final_evaluation", lambda run_dir, a, step=None: {} if run_dir == tmp_path / "base" else None
+    )
     trained, evaluated = [], []
     monkeypatch.setattr(lc, "train", lambda name, method, seed, run_dir, tasks, a: trained.append(method))
     monkeypatch.setattr(lc, "_eval", lambda run_dir, lock, overrides: evaluated.append(overrides))
@@ -381,3 +383,34 @@ def test_the_measure_turns_each_episode_into_a_rate_before_any_comparison():
     assert [lc.MEASURES[m](episode) for m in ("score", "ge50", "success")] == [50.0, 100.0, 0.0]
     assert lc.MEASURES["ge50"]({"score": 25.0, "success": False}) == 0.0
     assert lc.MEASURES["success"]({"score": 100.0, "success": True}) == 100.0
+
+
+def test_the_final_evaluation_is_the_last_steps_not_a_periodic_one_of_the_same_design(tmp_path):
+    """--eval-every 20 --eval-every-variations 0 scores step_20 on the final design: a run stopped before
+    its last step is not evaluated yet, and a finished one's final evaluation is its last step's."""
+    run = tmp_path / "run"
+    args = SimpleNamespace(variations=2, episodes=2)
+    _evaluation(run, {(0, 0): 10.0}, variations=2, seeds=2)
+    (run / "eval" / "x").rename(run / "eval" / "step_20")
+    assert lc.final_evaluation(run, args, 40) is None  # stopped at step 20..39: train on, then evaluate
+    assert lc.final_evaluation(run, args)[1][("boil", 0, 0)]["score"] == 10.0  # no step asked: the newest
+    _evaluation(run, {(0, 0): 50.0}, variations=2, seeds=2)
+    (run / "eval" / "x").rename(run / "eval" / "step_40")
+    assert lc.final_evaluation(run, args, 40)[1][("boil", 0, 0)]["score"] == 50.0
+    assert lc.final_evaluation(run, args)[1][("boil", 0, 0)]["score"] == 50.0  # "step_40" < "step_5" as text
+    _evaluation(run, {(0, 0): 90.0}, variations=5, seeds=2)  # another design: never the final one
+    (run / "eval" / "x").rename(run / "eval" / "step_5")
+    assert lc.final_evaluation(run, args)[1][("boil", 0, 0)]["score"] == 50.0
+
+
+def test_compare_trains_seed_by_seed_so_a_stopped_compare_leaves_the_arms_even(tmp_path, monkeypatch):
+    args = SimpleNamespace(tasks=["boil"], run_root=str(tmp_path), variations=1, episodes=1, collect=False, steps=0,
+                           seeds=[0, 1], presets=["a=grpo", "b=empo2"], lock="", spa=[], overrides=[])  # fmt: skip
+    monkeypatch.setattr(lc, "check_design_horizon", lambda a: None)
+    monkeypatch.setattr(lc, "final_evaluation", lambda run_dir, a, step=None: None)
+    trained = []
+    monkeypatch.setattr(lc, "train", lambda name, method, seed, run_dir, tasks, a: trained.append((name, seed)))
+    monkeypatch.setattr(lc, "_eval", lambda run_dir, lock, overrides: None)
+    monkeypatch.setattr(lc, "collect_compare", lambda root, a: 0)
+    assert lc.compare(args) == 0
+    assert trained == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
