@@ -174,10 +174,10 @@ class EpisodeRunner:
                     stats.memory_fallbacks += 1
                 else:
                     (tips, n), retrieved = found, True
-                    stats.tips_shown += len(tips)
-                    stats.tip_turns += bool(tips)
                 tick = stats.timed("memory_retrieval", tick)
             prompt = chat.prompt(result.state, tips, note)
+            stats.tips_shown += len(prompt.tips)  # those that fit the prompt (Chat.prompt)
+            stats.tip_turns += bool(prompt.tips)
             stats.prompt_tokens.append(len(prompt.token_ids))
             stats.notes.append(note)
             tick = stats.timed("prompt", tick)
@@ -190,7 +190,7 @@ class EpisodeRunner:
                 response = generate(prompt.token_ids, seed)
                 action_text = self.turn_format.action_of(response.text)
             tick = stats.timed("generation", tick)
-            chat.answered(result.state, tips, note, response.token_ids)
+            chat.answered(result.state, prompt.tips, note, response.token_ids)
             action, mapped = most_similar_action(action_text, result.valid_actions)
             stats.invalid_actions += int(mapped)
             note = executed_note(action) if mapped else ""

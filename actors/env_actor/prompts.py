@@ -105,6 +105,7 @@ class BuiltPrompt:
     turns_dropped: int = 0  # oldest past turns left out to fit the token budget (or history_window)
     demonstration_dropped: bool = False  # left out because even without past turns it did not fit
     chain_start: bool = True  # does not extend the previous prompt and response (Trajectory.chain_starts)
+    tips: list[str] = field(default_factory=list)  # the tips it shows: those asked for, less any cut to fit
 
 
 def system_message(ctx: TaskContext) -> str:
@@ -254,8 +255,10 @@ class Chat:
     def prompt(self, state: str, tips: list[str], note: str = "") -> BuiltPrompt:
         """The current turn's prompt: the chain so far and this user turn. Past the budget, half of
         the past turns shown go at once (again while it does not fit); past it without any, the
-        demonstration goes and the turns are fitted again; if even that does not fit, the prompt
-        goes as it is (the server refuses it)."""
+        demonstration goes and the turns are fitted again; past it still, the current turn's tips go
+        from the last (retrieval ranks them best first; ten reflections can outgrow the context alone);
+        if even the bare turn does not fit, the prompt goes as it is (the server refuses it). The tips
+        shown are the prompt's `tips`: what answered() is to be given."""
         b = self.builder
         within_window = b.history_window <= 0 or len(self.past) - self.first_shown <= b.history_window
         if self._extended is not None and within_window:  # the chain so far and this user turn, if it fits
@@ -269,17 +272,23 @@ class Chat:
                     self.first_shown, self.ctx.demonstration is not None and not self.demonstration, chain_start=False,
                 )  # fmt: skip
                 self._pending, self._spans = prompt.token_ids, prompt.tip_spans
+                prompt.tips = list(tips)
                 return prompt
         if b.history_window > 0:
             self.first_shown = max(self.first_shown, len(self.past) - b.history_window)
         prompt = self._render(state, tips, note)
-        while len(prompt.token_ids) > b.token_budget and (self.first_shown < len(self.past) or self.demonstration):
+        while len(prompt.token_ids) > b.token_budget and (
+            self.first_shown < len(self.past) or self.demonstration or tips
+        ):
             if self.first_shown < len(self.past):
                 self.first_shown += max(1, (len(self.past) - self.first_shown + 1) // 2)
-            else:  # nothing left to drop but the demonstration: without it, fit the turns again from the start
+            elif self.demonstration:  # no past turn left: without the demonstration, fit the turns again from the start
                 self.demonstration = False
                 self.first_shown = max(0, len(self.past) - b.history_window) if b.history_window > 0 else 0
+            else:  # the current turn alone is over the budget: its lowest-ranked tip goes
+                tips = tips[:-1]
             prompt = self._render(state, tips, note)
+        prompt.tips = list(tips)
         head = self._extended
         prompt.chain_start = head is None or not (
             len(prompt.token_ids) >= len(head) and np.array_equal(prompt.token_ids[: len(head)], head)

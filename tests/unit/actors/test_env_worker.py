@@ -108,7 +108,7 @@ class PlainChat:
         self.prompts.pasts.append(list(self.past))
         ids = np.arange(4 + len(tips), dtype=np.int32)
         spans = [(4, 4 + len(tips))] if tips else []
-        return type("Prompt", (), {"token_ids": ids, "tip_spans": spans, "chain_start": True})()
+        return type("Prompt", (), {"token_ids": ids, "tip_spans": spans, "chain_start": True, "tips": list(tips)})()
 
     def answered(self, state, tips, note, response_ids):
         self.past.append(ChatTurn(state, tips, response_ids, note))

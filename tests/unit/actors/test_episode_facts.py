@@ -52,7 +52,7 @@ class OneTokenPrompts:
         return self
 
     def prompt(self, state, tips, note=""):
-        return SimpleNamespace(token_ids=np.array([1, 2], np.int32), tip_spans=[], chain_start=True)
+        return SimpleNamespace(token_ids=np.array([1, 2], np.int32), tip_spans=[], chain_start=True, tips=list(tips))
 
     def answered(self, state, tips, note, response_ids):
         pass

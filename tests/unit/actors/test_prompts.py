@@ -67,7 +67,7 @@ def _play(builder, tokenizer, past, state, tips, ctx=CTX, eos=False):
     for turn_state, turn_tips, text in past:
         prompts.append(chat.prompt(turn_state, turn_tips))
         response = np.asarray(_encode(tokenizer, text) + ([tokenizer.eos_token_id] if eos else []), np.int32)
-        chat.answered(turn_state, turn_tips, "", response)
+        chat.answered(turn_state, prompts[-1].tips, "", response)
     prompts.append(chat.prompt(state, tips))
     return prompts, chat
 
@@ -207,6 +207,22 @@ def test_a_demonstration_that_leaves_no_room_goes_and_the_turns_are_fitted_witho
     assert p.text == _play(builder, tokenizer, PAST, STATE, TIPS, ctx=no_demo)[0][-1].text
     tiny = PromptBuilder(tokenizer, history_window=0, token_budget=1).build(CTX, [], STATE, TIPS)
     assert tiny.demonstration_dropped and STATE in tiny.text  # nothing fits: the system and the current turn go
+
+
+def test_tips_that_leave_no_room_go_from_the_lowest_ranked_and_the_prompt_says_which_it_shows(builder, tokenizer):
+    """Ten long reflections outgrew a 2048-token context on their own (the CPU learning profile: a
+    2054-token prompt refused by the server, its env actor restarted): past the budget with no past turn
+    and no demonstration, the last tips go until the turn fits, and the prompt's tips are those shown."""
+    no_demo = TaskContext(CTX.task, None, CTX.action_templates)
+    tips = [f"Tip {i}: " + "the animal with the longest life is outside, past the open door. " * 8 for i in range(10)]
+    two = PromptBuilder(tokenizer, 0, 100_000).build(no_demo, [], STATE, tips[:2])
+    p = PromptBuilder(tokenizer, 0, len(two.token_ids)).build(CTX, [], STATE, tips)
+    assert p.tips == tips[:2] and p.demonstration_dropped and len(p.token_ids) <= len(two.token_ids)
+    assert p.text == two.text and len(p.tip_spans) == 1
+    roomy = builder.build(CTX, [], STATE, tips)
+    assert roomy.tips == tips and not roomy.demonstration_dropped  # within the budget every tip stays
+    bare = PromptBuilder(tokenizer, 0, 1).build(CTX, [], STATE, tips)
+    assert bare.tips == [] and bare.tip_spans == [] and STATE in bare.text  # nothing fits: the bare turn goes
 
 
 def test_observation_truncated_to_max_chars(tokenizer):
