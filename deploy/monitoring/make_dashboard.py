@@ -127,7 +127,11 @@ PANELS = [
     ("Generations rerun at updates / s", "ops", ["sum(rate(empo2_policy_server_requests_retried_total[5m]))"]),
     # operations: the processes themselves (the launcher's supervision, deploy/launch.py)
     ("Roles up (scrape)", "none", ['up{job=~"empo2_.*"}', "empo2_launch_role_up"]),
-    ("Role restarts", "none", ["empo2_launch_restarts_total"]),
+    (
+        "Role restarts, tracking failures",
+        "none",
+        ["empo2_launch_restarts_total", "empo2_launch_tracking_failures_total"],
+    ),
     # a restarted policy server waits for the run's newest weights; the learner pushes them to it alone
     ("Catch-up weight pushes (restarted servers)", "none", ["empo2_learner_catch_up_pushes_total"]),
     # background pushes: how many versions each server is behind, servers with a version waiting
