@@ -62,6 +62,7 @@ from evaluation.stats import (
     seed_level_vs_fixed,
 )
 from learner.config import LearnerConfig
+from memory_service.service import tip_action
 from pipeline.config import load_config
 from protocol.messages import TIP_MODES
 from replay_buffer.buffer import BufferLog
@@ -616,6 +617,7 @@ def diagnostics(run_dir: Path) -> dict:
             best = "SELECT tip, MAX(score) AS best FROM entries GROUP BY tip ORDER BY best DESC, MIN(id) LIMIT ?"
             out["distinct_tips"] = db.execute("SELECT COUNT(DISTINCT tip) FROM entries").fetchone()[0]
             out["tips"] = [{"score": score, "tip": tip} for tip, score in db.execute(best, (TIP_SAMPLES,))]
+        out["tip_actions"] = gold_action_tips(memory)
     # step_N/model/ (learner/checkpoint.py), or step_N/ itself in runs written before
     checkpoints = sorted((run_dir / "checkpoints").glob("step_*/**/model.safetensors"))
     if checkpoints:
@@ -636,6 +638,36 @@ def diagnostics(run_dir: Path) -> dict:
             "revisions_beating_best": sum(bool(s) and float(s) > float(b) for _, _, b, s in closed),
         }
     return out
+
+
+def gold_actions(keys: set[str], simplification: str) -> dict[str, set[str]]:
+    """{"task/variation" (a memory key): the actions of its gold path}, from one ScienceWorld."""
+    world = ScienceWorld(simplification)
+    try:
+        return {key: set(world.demonstration(key.rpartition("/")[0], int(key.rpartition("/")[2]))[1]) for key in keys}
+    finally:
+        world.close()
+
+
+def gold_action_tips(memory: Path, simplification: str = "easy") -> dict:
+    """How often a stored tip (one per step of a reflected episode) names an action on its variation's
+    gold path, ScienceWorld's expert sequence, whose actions are the task's progress (door, room,
+    focus): of all entries and of those from episodes that scored >= 50. A memory of tips naming such
+    actions points the policy somewhere; one of wrong rooms and wrong focuses does not."""
+    with closing(sqlite3.connect(memory)) as db:
+        rows = db.execute("SELECT key, tip, score FROM entries").fetchall()
+    if not rows:
+        return {}
+    gold = gold_actions({key for key, _, _ in rows}, simplification)
+    named = [(tip_action(tip) in gold[key], score >= 50) for key, tip, score in rows]
+    good = [hit for hit, scored in named if scored]
+    return {
+        "entries": len(named),
+        "naming_a_gold_action": sum(hit for hit, _ in named),
+        "fraction": round(sum(hit for hit, _ in named) / len(named), 3),
+        "entries_of_episodes_ge50": len(good),
+        "fraction_of_episodes_ge50": round(sum(good) / len(good), 3) if good else None,
+    }
 
 
 def paper_mask_fractions(run_dir: Path, threshold: float = LearnerConfig().low_prob_threshold) -> dict[str, float]:
@@ -758,6 +790,27 @@ def compare_table(result: dict) -> str:
             )
         ]
         lines.append(f"| {run} | " + " | ".join(cells) + " |")
+    tips = {run: t["tip_actions"] for run, t in result["training"].items() if t.get("tip_actions")}
+    if tips:
+        lines += [
+            "",
+            "Tips that carry information, per run: the stored tips (one per step of a reflected episode) naming an",
+            "action on their variation's gold path (ScienceWorld's expert sequence: the task's progress), of all",
+            "and of those from episodes that scored >= 50:",
+            "",
+            "| run | tips | naming a gold action | of episodes >= 50 |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {run} | {a['entries']} | {a['naming_a_gold_action']} ({a['fraction']:.0%}) | "
+            + (
+                f"{a['fraction_of_episodes_ge50']:.0%} of {a['entries_of_episodes_ge50']}"
+                if a["entries_of_episodes_ge50"]
+                else "-"
+            )
+            + " |"
+            for run, a in tips.items()
+        ]
     herl = {run: t["herl"] for run, t in result["training"].items() if "herl" in t}
     if herl:
         lines += [

@@ -140,6 +140,12 @@ def tip_text(reflection: str, action: str, score: float) -> str:
     return f"{reflection.strip()}{_TIP_ACTION}{action}; eventually you got score {score:.0f}/100."
 
 
+def tip_action(tip: str) -> str | None:
+    """The step's action a tip names (tip_text's second part), None for a text not made by tip_text."""
+    _, found, rest = tip.rpartition(_TIP_ACTION)
+    return rest.rsplit("; eventually you got score ", 1)[0] if found else None
+
+
 def reflection_of(tip: str) -> str:
     """The reflection a tip starts with (tip_text's first part): the entries of one episode share it."""
     return tip.rsplit(_TIP_ACTION, 1)[0]

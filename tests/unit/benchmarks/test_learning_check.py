@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 
 import benchmarks.learning_check as lc
 from evaluation.eval import EpisodeLog, summarize
+from memory_service.service import tip_text
 
 
 def _evaluation(run_dir, scores: dict, variations=2, seeds=2):
@@ -254,7 +255,7 @@ def test_an_spa_method_trains_each_seed_from_one_timed_warm_start_and_reports_it
     assert "| s/seed0 | " in table and "| 2 | 1.200 → 0.900 | 0.2 → 0.2 (5 predictions) |" in table
 
 
-def test_the_diagnostics_of_a_run_are_its_step_means_its_tip_turns_and_its_memory(tmp_path):
+def test_the_diagnostics_of_a_run_are_its_step_means_its_tip_turns_and_its_memory(tmp_path, monkeypatch):
     steps = [
         {"record": "step", "zero_advantage_fraction": 1.0, "masked_fraction": 0.5, "entropy_mean": 2.0,
          "episodes_by_mode": {"on_policy": 3, "on_policy_tips": 1}, "env_steps": 20, "tip_turn_fraction": 0.1,
@@ -269,18 +270,32 @@ def test_the_diagnostics_of_a_run_are_its_step_means_its_tip_turns_and_its_memor
             "CREATE TABLE entries (id INTEGER PRIMARY KEY, key TEXT, tip TEXT, score REAL, state TEXT, vector BLOB)"
         )
         db.executemany(
-            "INSERT INTO entries (key, tip, score) VALUES ('k', ?, ?)",
+            "INSERT INTO entries (key, tip, score) VALUES ('boil/3', ?, ?)",
             [("low", 0.0), ("best", 25.0), ("mid", 8.0), ("worst", -100.0), ("best", 25.0), ("mid", 3.0)],
         )
+        good = tip_text("Go outside.", "go to outside", 50.0)
+        db.executemany(
+            "INSERT INTO entries (key, tip, score) VALUES ('boil/3', ?, ?)",
+            [(good, 50.0), (tip_text("Go outside.", "focus on door", 50.0), 50.0)],
+        )
         db.commit()
+    monkeypatch.setattr(lc, "gold_actions", lambda keys, simplification: dict.fromkeys(keys, {"go to outside"}))
     d = lc.diagnostics(tmp_path)
     assert d["zero_advantage_fraction_mean"] == pytest.approx(0.5) and d["masked_fraction_mean"] == pytest.approx(0.375)
     assert d["entropy_mean_mean"] == pytest.approx(2.0)  # the step without a value left out
     assert "clip_fraction_mean" not in d  # no step has it
     assert d["tip_mode_episodes"] == 3  # on_policy_tips and off_policy episodes, drawn in a tip mode
     assert d["tip_turns"] == 2 and d["tip_turns_trained"] == 0.5  # 10% of step 1's 20 turns showed tips
-    assert d["memory_entries"] == 6 and d["distinct_tips"] == 4  # an episode's steps share its reflection
-    assert [(t["tip"], t["score"]) for t in d["tips"]] == [("best", 25.0), ("mid", 8.0), ("low", 0.0)]
+    assert d["memory_entries"] == 8 and d["distinct_tips"] == 6  # an episode's steps share its reflection
+    assert [t["score"] for t in d["tips"]] == [50.0, 50.0, 25.0] and d["tips"][2]["tip"] == "best"  # best first
+    # of the 8 tips one names a gold action: 1 of the 2 of episodes that scored >= 50
+    assert d["tip_actions"] == {
+        "entries": 8,
+        "naming_a_gold_action": 1,
+        "fraction": 0.125,
+        "entries_of_episodes_ge50": 2,
+        "fraction_of_episodes_ge50": 0.5,
+    }
     assert "weight_change_relative" not in d  # no checkpoint
     # a run that ended before its first step
     assert lc.diagnostics(tmp_path / "nothing") == {
