@@ -9,7 +9,9 @@ PYTEST_ARGS ?=
 setup:
 	@bash scripts/setup.sh
 
-run: setup
+# the run itself needs no Prometheus: a user who has Java sets up and runs without root
+run:
+	@EMPO2_PROMETHEUS=0 bash scripts/setup.sh
 	HF_HUB_OFFLINE=1 $(VENV)/bin/empo2-run $(ARGS)
 
 test: setup lint

@@ -5,6 +5,8 @@
 #
 #   EMPO2_TARGET=cpu|gpu   which vLLM build to install (default: gpu if nvidia-smi works, else cpu)
 #   EMPO2_VENV=path        the virtual environment (default: .venv in the repository)
+#   EMPO2_PROMETHEUS=1|0   install Prometheus where promtool is missing (default 1: the tests and `make
+#                          monitor` need it; `make run` passes 0, so a user with Java runs without root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,7 +22,7 @@ if ! command -v java >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null
 fi
 
-if ! command -v promtool >/dev/null 2>&1; then
+if [[ ${EMPO2_PROMETHEUS:-1} == 1 ]] && ! command -v promtool >/dev/null 2>&1; then
   echo "[setup] promtool not found: installing prometheus (make monitor, the rules and monitoring tests)"
   if [[ $(id -u) -ne 0 ]]; then echo "[setup] need root for apt-get; install Prometheus (with promtool) and rerun" >&2; exit 1; fi
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
