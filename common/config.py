@@ -65,9 +65,19 @@ class EndpointsConfig:
     policy_servers: list[str] = field(default_factory=lambda: ["tcp://127.0.0.1:5550"])
     replay_buffer: str = "tcp://127.0.0.1:5560"
     memory_service: str = "tcp://127.0.0.1:5570"
+    # "": a server binds its endpoint as written. A host (0.0.0.0): it binds that host at its endpoint's
+    # port, while clients connect to the endpoint as written: one configuration for every process of a
+    # deployment whose endpoints are DNS names (Kubernetes' headless Services, deploy/kubernetes.py)
+    bind_host: str = ""
 
     def validate(self) -> None:
         check(bool(self.policy_servers), "policy_servers", "needs at least one server")
+
+    def bind_address(self, endpoint: str) -> str:
+        """What the server of `endpoint` binds: the endpoint, or bind_host at its port."""
+        if not self.bind_host:
+            return endpoint
+        return f"tcp://{self.bind_host}:{endpoint.rsplit(':', 1)[1]}"
 
 
 # Prometheus ports, per role: (first port above metrics.base_port, how many). Disjoint ranges, so
@@ -92,12 +102,15 @@ class MetricsConfig:
 
     host: str = "127.0.0.1"
     base_port: int = 9100
+    # true: process i of a kind serves on its kind's first port + i (processes sharing a host); false: every
+    # process of a kind on its kind's first port (one address per process: a container's, Kubernetes)
+    index_ports: bool = True
 
     def port(self, role: str, index: int = 0) -> int:
         first, count = METRICS_PORTS[role]
         if not 0 <= index < count:
             raise ConfigError("metrics", f"{role} {index} has no metrics port: at most {count} {role} processes")
-        return self.base_port + first + index
+        return self.base_port + first + (index if self.index_ports else 0)
 
     def validate(self) -> None:
         low, high = self.base_port, self.base_port + METRICS_PORT_SPAN - 1

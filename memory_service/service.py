@@ -196,7 +196,7 @@ class MemoryService:
         threading.Thread(target=self._reflection_worker, name="reflection", daemon=True).start()
         log.info("memory service on %s", self.run_facts.endpoints.memory_service)
         serve_requests(
-            self.run_facts.endpoints.memory_service,
+            self.run_facts.endpoints.bind_address(self.run_facts.endpoints.memory_service),
             self.handlers,
             self.metrics,
             self.limits,

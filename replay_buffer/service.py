@@ -153,7 +153,7 @@ class BufferProcess:
         )
         try:
             serve_requests(
-                self.run_facts.endpoints.replay_buffer,
+                self.run_facts.endpoints.bind_address(self.run_facts.endpoints.replay_buffer),
                 self.handlers,
                 self.metrics,
                 self.limits,

@@ -66,7 +66,7 @@ class PolicyServer:
     def __init__(self, policy_server: PolicyServerConfig, weight_sync: WeightSyncConfig, run: RunFacts):
         self.scfg, self.weight_sync, self.run_facts = policy_server, weight_sync, run
         self.index = index = policy_server.index
-        self.endpoint = run.endpoints.policy_servers[index]
+        self.bind_address = run.endpoints.bind_address(run.endpoints.policy_servers[index])
         self.metrics = PolicyServerMetrics()
         self.metrics.policy_version.set(-1)  # no engine yet
         self.engine = None  # created in run(): the socket answers Ping (ready=False) meanwhile
@@ -105,8 +105,8 @@ class PolicyServer:
         self.sock.setsockopt(zmq.MAXMSGSIZE, self.scfg.max_weight_message_bytes)
         secure_server(self.sock)  # CURVE + ZAP when security.curve (protocol/security.py): weight pushes too
         watch_handshakes(self.sock, self.metrics.handshake_failures)
-        self.sock.bind(self.endpoint)
-        log.info("policy server %d listening on %s", self.index, self.endpoint)
+        self.sock.bind(self.bind_address)
+        log.info("policy server %d listening on %s", self.index, self.bind_address)
         recv_loop = self._recv_task = asyncio.create_task(self._recv_loop())
         model = self.run_facts.model
         model_path = resolve_model(model.name, model.cache_dir or None)
