@@ -2,7 +2,7 @@
 
 Every turn of episode i gets the reward
     r_{i,t} = score_scale · score_i  +  r_int_{i,t}
-where score_i is ScienceWorld's final score (every step shares it, empo2.md) and r_int the
+where score_i is ScienceWorld's final score (every step shares it, docs/method.md) and r_int the
 intrinsic reward of learner.intrinsic_kind. score_scale is 1 by default, as the reference: the
 score stays on its 0..100 scale and r_int (at most coef) is added unscaled, so the novelty bonus
 mostly breaks ties between equal scores.

@@ -1,5 +1,5 @@
 """Configuration of the learner, including the EMPO2 objective. Defaults are the paper's recipe
-(shared/reference/empo2.md); the small CPU run is conf/profile/cpu.yaml. How the new weights
+(docs/method.md); the small CPU run is conf/profile/cpu.yaml. How the new weights
 reach the servers is the shared `weight_sync` section (pipeline/config.py)."""
 
 from __future__ import annotations

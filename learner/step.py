@@ -1,4 +1,4 @@
-"""One EMPO2 optimizer step over a batch of turn samples (empo2.md, "Advantage and loss").
+"""One EMPO2 optimizer step over a batch of turn samples (docs/method.md, "Advantage and loss").
 
 train_step reads: score without grad (the KL reference; the proximal policy of decoupled PPO over
 several mini-batches; tip-free minimum log-probs for the legacy tip_rollouts mask) -> per

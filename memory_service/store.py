@@ -1,6 +1,6 @@
 """Memory store: entries keyed by state embeddings, one memory per key, persisted in SQLite (WAL).
 
-Retrieval (empo2.md): entries whose cosine similarity to the query state exceeds the threshold,
+Retrieval (docs/method.md): entries whose cosine similarity to the query state exceeds the threshold,
 highest stored episode score first (then most similar), top k; the count n feeds the intrinsic
 reward 1/(n+1). Each memory keeps its vectors in one contiguous [N, D] array (grown by doubling,
 a ring once full), so a query is one matrix-vector product and a vectorised sort.

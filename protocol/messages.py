@@ -16,7 +16,7 @@ import numpy as np
 
 from protocol.codec import Message, ProtocolError, register
 
-# Rollout/update modes of EMPO2 (empo2.md, "Rollout and update modes").
+# Rollout/update modes of EMPO2 (docs/method.md, "Rollout and update modes").
 ON_POLICY = "on_policy"  # rollout without tips, update without tips
 ON_POLICY_TIPS = "on_policy_tips"  # rollout with tips, update with the same tips in the prompt
 OFF_POLICY = "off_policy"  # rollout with tips, update with tips removed from the prompt
@@ -34,7 +34,7 @@ MAX_STRATEGY_CHARS = 2048
 MAX_REFLECTED_STRATEGIES = 32
 
 # An episode is a success when the environment ended it (done) with a score above this: the reference
-# wrapper's definition (empo2.md, "Reference experimental setup").
+# wrapper's definition (docs/method.md, "Reference experimental setup").
 SUCCESS_SCORE = 70.0
 # Trajectory.generated_texts: the env actor keeps at most this many characters of a turn's generation
 # (an action is capped at env_actor.max_action_tokens tokens, a few hundred characters at most).

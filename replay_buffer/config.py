@@ -1,5 +1,5 @@
 """Configuration of the replay buffer (rollout coordinator). Defaults are the paper's recipe
-(shared/reference/empo2.md); it also reads the shared `env` section (ScienceWorld's
+(docs/method.md); it also reads the shared `env` section (ScienceWorld's
 simplification, for the variation lists)."""
 
 from __future__ import annotations
