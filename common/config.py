@@ -62,9 +62,9 @@ class EndpointsConfig:
     """Where each server binds and clients connect. Loopback by default; to span hosts, bind
     the server on tcp://0.0.0.0:PORT and point the clients at the server's address."""
 
-    policy_servers: list[str] = field(default_factory=lambda: ["tcp://127.0.0.1:5550"])
-    replay_buffer: str = "tcp://127.0.0.1:5560"
-    memory_service: str = "tcp://127.0.0.1:5570"
+    policy_servers: list[str] = field(default_factory=lambda: ["tcp://127.0.0.1:5550"])  # one server process each
+    replay_buffer: str = "tcp://127.0.0.1:5560"  # the replay buffer's ROUTER
+    memory_service: str = "tcp://127.0.0.1:5570"  # the memory service's ROUTER
     # "": a server binds its endpoint as written. A host (0.0.0.0): it binds that host at its endpoint's
     # port, while clients connect to the endpoint as written: one configuration for every process of a
     # deployment whose endpoints are DNS names (Kubernetes' headless Services, deploy/kubernetes.py)
@@ -100,8 +100,8 @@ class MetricsConfig:
     policy server i on 9100+i, replay buffer 9200, memory service 9201, learner rank r on
     9300+r, env actor j on 9400+j, the launcher (empo2-run) on 9202."""
 
-    host: str = "127.0.0.1"
-    base_port: int = 9100
+    host: str = "127.0.0.1"  # where every /metrics page listens (0.0.0.0 for a Prometheus on another host)
+    base_port: int = 9100  # the first of METRICS_PORT_SPAN ports, laid out per role by METRICS_PORTS
     # true: process i of a kind serves on its kind's first port + i (processes sharing a host); false: every
     # process of a kind on its kind's first port (one address per process: a container's, Kubernetes)
     index_ports: bool = True
@@ -387,7 +387,7 @@ class HerlConfig:
     alpha: float = 0.05  # the improvement bonus: r' = r + alpha (r_guided - r)
     gamma: float = 1.0  # hindsight tokens: w = rho / (rho + gamma), unclipped (1: their instruction-following runs)
     temperature: float = 0.3  # the guided episodes' sampling temperature (the reference's)
-    train_context: TrainContext = TrainContext.guided
+    train_context: TrainContext = TrainContext.guided  # guided (the reference) | stripped (guidance cut out, as tips)
     guided_timeout_s: float = 1800.0  # a group waits this long for its revisions, then goes on without them
 
     def validate(self) -> None:

@@ -19,9 +19,9 @@ class LaunchConfig:
     # stops the run. The learner resumes from its newest checkpoint, the buffer replays its log,
     # the memory service reopens its database.
     restart_budget: int = 5  # restarts per role within restart_window_s; 0 = stop at the first crash
-    restart_window_s: float = 600.0
-    backoff_s: float = 2.0
-    backoff_max_s: float = 60.0
+    restart_window_s: float = 600.0  # the window restart_budget and the backoff count restarts in
+    backoff_s: float = 2.0  # the first restart's delay, doubled per restart within the window
+    backoff_max_s: float = 60.0  # the longest restart delay
     # Hang detection: a role whose heartbeat (<run_dir>/heartbeats/<name>, touched by its own work
     # loop: common/heartbeat.py) stays still this long is killed and restarted, a restart with reason
     # `hung`. Before its first beat a process has max(this, startup_timeout_s) (model loads, JVMs).

@@ -56,11 +56,11 @@ class EvalConfig:
     # runs as its own process against the newest checkpoint (0 = never)
     every_steps: int = 0
     subset_tasks: list[str] = field(default_factory=list)  # [] = tasks
-    subset_variations: int = 2
+    subset_variations: int = 2  # test variations each periodic evaluation plays
     # the periodic evaluation's own policy server (it serves the checkpoint, beside the training's) and
     # its metrics block (metrics.base_port's layout, METRICS_PORTS, moved here so no port is shared)
     server_endpoint: str = "tcp://127.0.0.1:5580"
-    metrics_base_port: int = 10100
+    metrics_base_port: int = 10100  # the periodic evaluation's metrics block (its own, as metrics.base_port's)
     checkpoint_poll_s: float = 10.0  # how often the periodic evaluation looks for a new checkpoint
 
     def validate(self) -> None:

@@ -77,9 +77,9 @@ class LearnerConfig:
     lr_schedule: LrSchedule = LrSchedule.constant  # constant | linear | cosine, after warm-up
     warmup_steps: int = 0  # steps of linear warm-up from lr / warmup_steps up to lr
     weight_decay: float = 0.01  # AdamW's decoupled weight decay (the reference's 0.01)
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = 1.0  # the gradient's global norm is clipped to this before each optimizer step
     clip_low: float = 0.2  # ratio clipped to [1 - clip_low, 1 + clip_high]
-    clip_high: float = 0.3
+    clip_high: float = 0.3  # the upper clip: 1 + clip_high (the reference's asymmetric 0.2 / 0.3)
     dual_clip: float = 10.0  # for negative advantages the loss is bounded by dual_clip * |A|
     ratio: Ratio = Ratio.plain  # plain (paper) | decoupled (decoupled PPO for stale samples)
     behaviour_weight_cap: float = 5.0  # decoupled: tokens with πprox/πbehaviour above this are dropped
@@ -108,7 +108,7 @@ class LearnerConfig:
     # r of LoRA adapters (peft) on lora_targets; 0 = full fine-tuning. Only adapters train and are pushed
     lora_rank: int = 0
     lora_alpha: float = 16.0  # LoRA scale = alpha / r
-    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])  # adapted
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, more time
     # gated MLPs and RMSNorms keep ~40% fewer activation bytes for the backward, the same gradients, no
     # matmul again (learner/lean_activations.py)
@@ -116,7 +116,7 @@ class LearnerConfig:
     # low-probability mask (paper Figure 6): a turn sample leaves the loss whole when the minimum log-prob of
     # its response is below low_prob_threshold; which samples, on which prompt: paper | tip_rollouts | off
     low_prob_mask: LowProbMask = LowProbMask.paper
-    low_prob_threshold: float = -5.0
+    low_prob_threshold: float = -5.0  # the mask's bound on a response's minimum token log-prob (the paper's)
     intrinsic_kind: IntrinsicKind = IntrinsicKind.count  # count (paper) | rnd
     intrinsic_coef: float = 1.0  # coef of r_int, either kind; 0 = no intrinsic reward
     rnd_feature_dim: int = 1024  # rnd: size of the hashed bag-of-words/bigrams vector of an observation
@@ -126,7 +126,7 @@ class LearnerConfig:
     rnd_updates: int = 1  # rnd: predictor steps on each batch's observations, after its bonuses
     # factor on the ScienceWorld score (0..100) before r_int is added; 1 = the reference: r_int (<= coef) breaks ties
     score_scale: float = 1.0
-    adv_eps: float = 1e-6
+    adv_eps: float = 1e-6  # added to a group's score std before dividing (a group of equal scores: advantage 0)
     advantage: Advantage = Advantage.grpo  # grpo (episode level) | gigpo (episode + anchor-state step level)
     gigpo_gamma: float = 0.95  # discount of the step-level returns
     gigpo_step_weight: float = 1.0  # w in A = A_episode + w * A_step

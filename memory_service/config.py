@@ -56,7 +56,7 @@ class MemoryServiceConfig:
     # trained on 128; a forward's cost grows with its length, and long ScienceWorld observations list
     # a room's contents after its name and first objects.
     embedding_max_tokens: int = 128
-    embedding_dtype: EmbeddingDtype = EmbeddingDtype.auto
+    embedding_dtype: EmbeddingDtype = EmbeddingDtype.auto  # auto: bf16 where the CPU computes it natively
     key: MemoryKey = MemoryKey.task_variation  # one memory per task_variation | task | global
     # The state's text embedded as its key: observation (the paper: feedback + the room's look text, whose
     # cosines between real states are high whatever the situation: 0.5 passes 65-72% of the pairs of
@@ -73,7 +73,7 @@ class MemoryServiceConfig:
     reflection_prompt_tokens: int = 0
     reflection_max_tokens: int = 128  # the reference's generation cap
     reflection_temperature: float = 1.0  # the rollout temperature, as in the reference
-    reflection_timeout_s: float = 300.0
+    reflection_timeout_s: float = 300.0  # one reflection's generation, then it is tried again (reflection_attempts)
     reflection_batch_size: int = 8  # episodes reflected on concurrently (the engine batches them)
     # A queued report whose reflection fails (policy servers down, a timeout) is tried again, up to this
     # many times in all, then given up (counted). Queued reports persist in db_file across restarts.

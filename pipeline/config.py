@@ -56,7 +56,7 @@ from spa.config import SpaConfig
 @dataclass
 class PipelineConfig:
     run_dir: str = "runs/default"  # logs, checkpoints, buffer log and memory store of this run (conf: one per run)
-    seed: int = 0
+    seed: int = 0  # the run's seed: each role derives its own streams from it (episodes, shuffles, sampling)
     startup_timeout_s: float = 900.0  # how long a client (actor, learner, evaluation) waits for its servers
     model: ModelConfig = field(default_factory=ModelConfig)
     endpoints: EndpointsConfig = field(default_factory=EndpointsConfig)

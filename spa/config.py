@@ -25,19 +25,19 @@ class SpaConfig:
     episodes: int = 1280  # episodes collected (the paper: 5 batches x 32 env groups x 8)
     max_turns: int = 5  # turns per episode
     max_turn_tokens: int = 400  # a world-model turn's cap (observation, reasoning, prediction, answer)
-    temperature: float = 1.0
+    temperature: float = 1.0  # the collection's sampling temperature
     envs: int = 2  # ScienceWorld envs played in parallel
     # SFT
     epochs: int = 5  # the paper's ablation: 1 epoch 29.2 vs 5 epochs 59.8 Pass@1 on Sokoban
     batch_rows: int = 16  # rows (assistant turns) per optimizer step, the paper's global batch
-    lr: float = 1e-4
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    weight_decay: float = 0.01
+    lr: float = 1e-4  # the SFT's peak learning rate (AdamW)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW's
+    weight_decay: float = 0.01  # AdamW's decoupled weight decay
     warmup_fraction: float = 0.1  # of the optimizer steps, then cosine to 0
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = 1.0  # the gradient's global norm is clipped to this
     max_length: int = 2048  # tokens of one episode's sequence (its later turns are cut past it)
     holdout_fraction: float = 0.2  # episodes held out for the loss and the next-state accuracy
-    split_seed: int = 42
+    split_seed: int = 42  # which episodes are held out
     # a turn without its observation, prediction or answer: `drop` leaves it untrained (the paper's filter, its
     # Fig. 8); `rebuild` trains it rebuilt from the true states and the action executed, its reasoning empty
     # (a model that never follows the format, as the embedded 135M one: 0 of 18 turns well-formed)
