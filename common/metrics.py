@@ -7,9 +7,11 @@ the policy version it last saw, so a Grafana board can line roles up by version.
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -17,6 +19,22 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Count
 # learner's "step" records (learner/train.py) and the evaluations' "eval" records (evaluation/eval.py),
 # read by empo2-plot (evaluation/plot.py). Lines are appended whole (one write each).
 METRICS_LOG = "metrics.jsonl"
+
+
+def read_log(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """(step records, eval records) of a run, in file order; cut or foreign lines are skipped."""
+    steps, evals = [], []
+    path = run_dir / METRICS_LOG
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no metrics log (the learner writes it, one line per step)")
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        kind = record.get("record", "step") if isinstance(record, dict) else None
+        (steps if kind == "step" else evals if kind == "eval" else []).append(record)
+    return steps, evals
 
 
 class _MetricsServer(ThreadingHTTPServer):

@@ -18,9 +18,9 @@ from typing import NamedTuple
 
 import psutil
 
+from common.metrics import read_log
 from deploy.harness import LaunchedRun
 from deploy.monitor import scrape, total
-from evaluation.plot import read_log
 
 POLL_S = 0.25  # how often the policy server's generation metrics are read during a run
 

@@ -30,12 +30,11 @@ legends sit below the panels (time_breakdown: beside them), so they cover no dat
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import textwrap
 from pathlib import Path
 
-from common.metrics import METRICS_LOG
+from common.metrics import read_log
 from learner.exploration import METRICS as EXPLORATION
 
 SMOOTHING = 5  # steps in the training score's moving average (score.png)
@@ -85,22 +84,6 @@ def _figure_legend(fig, axes, title: str | None = None, ncol: int = 2) -> None:
         ncol = max(1, min(ncol, len(entries), int(14 * fig.get_figwidth()) // longest))  # ~14 characters an inch
         fig.legend(list(entries.values()), labels, loc="outside lower center", ncol=ncol, fontsize=8, title=title,
                    title_fontsize=8, frameon=False)  # fmt: skip
-
-
-def read_log(run_dir: Path) -> tuple[list[dict], list[dict]]:
-    """(step records, eval records) of a run, in file order; cut or foreign lines are skipped."""
-    steps, evals = [], []
-    path = run_dir / METRICS_LOG
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no metrics log (the learner writes it, one line per step)")
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        kind = record.get("record", "step") if isinstance(record, dict) else None
-        (steps if kind == "step" else evals if kind == "eval" else []).append(record)
-    return steps, evals
 
 
 def _series(records: list[dict], x: str, y: str) -> tuple[list[float], list[float]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from evaluation.plot import read_log
+from common.metrics import read_log
 from tests.helpers import run_to_its_end
 
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.plot import _step_axis, _with_intervals, main, moving_band, read_log
+from common.metrics import read_log
+from evaluation.plot import _step_axis, _with_intervals, main, moving_band
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_a"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
