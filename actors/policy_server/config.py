@@ -16,6 +16,17 @@ class Dtype(Choice):
     float16 = "float16"
 
 
+class Executor(Choice):
+    """Where vLLM's model worker runs (its distributed_executor_backend)."""
+
+    # uni on CPU with one device: the worker in the engine core's process, one process fewer to start
+    # (a server alone: ready in 0.8x mp's time, the same throughput and greedy tokens;
+    # benchmarks/README.md#policy-server-start-up); vLLM's own choice elsewhere
+    auto = "auto"
+    uni = "uni"  # the worker in the engine core's process (one device only)
+    mp = "mp"  # a worker process per device (vLLM's CPU default)
+
+
 class OnUpdate(Choice):
     finish = "finish"  # requests in flight at a weight update finish on the old weights first
     abort = "abort"  # they are aborted and run again on the new weights (the update waits for nothing)
@@ -38,6 +49,7 @@ class PolicyServerConfig:
     cpu_kv_cache_gib: int = 1
     tensor_parallel_size: int = 1  # >1 needs as many GPUs (vLLM's native tensor parallelism)
     enforce_eager: bool = True  # CUDA graphs cost start-up time; worth it only on long GPU runs
+    executor: Executor = Executor.auto  # auto (uni on CPU with one device) | uni | mp: where vLLM's worker runs
     on_update: OnUpdate = OnUpdate.finish  # requests in flight at a weight update: finish | abort
     # a server of a training run serves no generation until it holds the run's newest weights
     # (protocol/newest_version.py); a server of fixed weights (empo2-eval, test-time adaptation) sets false
@@ -54,6 +66,11 @@ class PolicyServerConfig:
             not (self.tensor_parallel_size > 1 and self.device == "cpu"),
             "tensor_parallel_size",
             "> 1 needs CUDA GPUs, and policy_server.device=cpu",
+        )
+        check(
+            not (self.executor == "uni" and self.tensor_parallel_size > 1),
+            "executor",
+            "uni runs one worker: tensor_parallel_size > 1 needs mp (or auto)",
         )
         check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")
         at_least("max_model_len", self.max_model_len, 1)

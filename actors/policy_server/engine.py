@@ -117,6 +117,13 @@ def check_weight_sync(weight_sync: str, device: str) -> None:
         )
 
 
+def executor_backend(cfg: PolicyServerConfig, device: str) -> str | None:
+    """vLLM's distributed_executor_backend for policy_server.executor; None: vLLM's own choice."""
+    if cfg.executor == "auto":
+        return "uni" if device == "cpu" and cfg.tensor_parallel_size == 1 else None
+    return str(cfg.executor)
+
+
 def start_vllm(model_path: str, cfg: PolicyServerConfig, seed: int, weight_sync: str):
     """vLLM's AsyncLLM over the model at `model_path`, on the configured device, with the worker
     extension that loads weight updates in place."""
@@ -132,6 +139,11 @@ def start_vllm(model_path: str, cfg: PolicyServerConfig, seed: int, weight_sync:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
     # read by the engine core when it stops its workers (vLLM's envs are read at use)
     os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", str(WORKER_STOP_TIMEOUT_S))
+    backend = executor_backend(cfg, device)
+    if backend == "uni" and device == "cpu":
+        # vLLM's CPU platform turns "uni" into "mp" unless this is 0; it changes nothing else of AsyncLLM,
+        # whose engine core is a process of its own either way (it selects vLLM's sync LLMEngine mode)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     dtype = str(cfg.dtype) if cfg.dtype != "auto" else ("float32" if device == "cpu" else "bfloat16")
@@ -150,6 +162,7 @@ def start_vllm(model_path: str, cfg: PolicyServerConfig, seed: int, weight_sync:
         # learner scores each turn at its recorded temperature (learner/policy_model.py). Equal to
         # the raw log-prob at temperature 1 and top_p 1, the training default
         logprobs_mode="processed_logprobs",
+        **({"distributed_executor_backend": backend} if backend else {}),
     )
     log.info("starting vLLM engine: model=%s device=%s dtype=%s", model_path, device, dtype)
     return _async_llm_class().from_engine_args(args)

@@ -117,3 +117,16 @@ def test_vllm_processes_end_like_forked_children(tmp_path):
         "",
     ], out.stdout
     assert "leaked" not in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
+
+
+def test_the_worker_runs_in_the_engine_core_on_one_cpu_device_and_where_asked():
+    from actors.policy_server.config import PolicyServerConfig
+    from actors.policy_server.engine import executor_backend
+    from common.config import ConfigError
+
+    assert executor_backend(PolicyServerConfig(), "cpu") == "uni"  # auto on CPU: one process fewer
+    assert executor_backend(PolicyServerConfig(), "cuda") is None  # vLLM's own choice
+    assert executor_backend(PolicyServerConfig(tensor_parallel_size=2), "cuda") is None
+    assert executor_backend(PolicyServerConfig(executor="mp"), "cpu") == "mp"
+    with pytest.raises(ConfigError, match="executor"):
+        PolicyServerConfig(executor="uni", tensor_parallel_size=2, device="cuda").validate()
