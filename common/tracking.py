@@ -177,7 +177,10 @@ class Tracker:
         complete = data[: data.rfind(b"\n") + 1]
         sent = 0
         for line in complete.splitlines():
-            found = scalars(json.loads(line)) if line.strip() else None
+            try:
+                found = scalars(json.loads(line))
+            except (json.JSONDecodeError, TypeError, AttributeError):  # a cut or foreign line, as read_log skips it
+                continue
             if found:
                 self.send(*found)
                 sent += 1

@@ -504,7 +504,11 @@ def main(argv: list[str], cfg: PipelineConfig) -> int:
     launcher = Launcher(cfg, [*argv, f"run_dir={cfg.run_dir}"], publish=True)  # children share one (resolved) run dir
     write_json(Path(cfg.run_dir) / CONFIG_FILE, run_config_record(cfg, argv))
     if cfg.tracking.backends:  # opened before any role starts: a backend that cannot open refuses the run
-        launcher.tracker = Tracker(cfg.tracking, cfg.run_dir)
+        try:
+            launcher.tracker = Tracker(cfg.tracking, cfg.run_dir)
+        except ConfigError as exc:
+            print(f"empo2-run: {exc}", file=sys.stderr)
+            return 2
         print(f"[launch] tracking to {', '.join(cfg.tracking.backends)} in {launcher.tracker.out}", flush=True)
     outcome = "failed: interrupted"
     interrupt_on_sigterm()  # `kill`, systemd and test clean-ups stop the roles too, not only Ctrl-C

@@ -53,6 +53,10 @@ def test_a_records_numbers_are_its_scalars_under_its_kind():
 def test_both_backends_get_the_steps_and_evaluations_once_with_the_config_and_commit(tmp_path):
     run = _run_dir(tmp_path, [STEP, EVAL], partial='{"record": "step", "step": 3, "lo')
     tracker = Tracker(TrackingConfig(backends=["tensorboard", "mlflow"]), run)
+    with open(run / "metrics.jsonl", "r+") as f:  # a foreign line before the half-written one: skipped
+        text = f.read()
+        f.seek(0)
+        f.write(text.replace('{"record": "step", "step": 3', 'not json\n[1, 2]\n{"record": "step", "step": 3'))
     assert tracker.follow() == 2  # the half-written line waits
     assert tracker.follow() == 0  # nothing sent twice
     with open(run / "metrics.jsonl", "a") as f:
