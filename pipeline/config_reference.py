@@ -90,7 +90,6 @@ def rows(cls: type, prefix: str = "") -> list[tuple[str, list[tuple[str, str, st
     """[(section, [(key, default, range, meaning)])], the sections in the dataclass's order."""
     comments, ranges = field_comments(cls), field_ranges(cls)
     own, nested = [], []
-    hints = {f.name: f.type for f in dataclasses.fields(cls)}
     for f in dataclasses.fields(cls):
         value = default_of(f)
         if dataclasses.is_dataclass(value):
@@ -98,8 +97,8 @@ def rows(cls: type, prefix: str = "") -> list[tuple[str, list[tuple[str, str, st
             continue
         choices = type(value) if isinstance(value, Enum) else None
         allowed = " \\| ".join(f"`{m.value}`" for m in choices) if choices else ranges.get(f.name, "")
-        meaning = comments.get(f.name, "") or ("" if hints[f.name] else "")
-        own.append((f"{prefix}{f.name}", shown(value), allowed, meaning.replace("|", "\\|")))
+        meaning = comments.get(f.name, "").replace("|", "\\|")
+        own.append((f"{prefix}{f.name}", shown(value), allowed, meaning))
     section = prefix.rstrip(".") or "(top level)"
     return ([(section, own)] if own else []) + nested
 
