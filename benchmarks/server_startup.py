@@ -103,7 +103,7 @@ def table(result: dict) -> str:
         "",
         f"{result['date']} · `{result['command']}` · {result['machine']['cpus']} cores, alone on the machine",
         "",
-        "| executor | ready s (median) | processes | tokens/s | stop s | clean stop | greedy tokens as mp's |",
+        f"| executor | ready s (median) | processes | tokens/s | stop s | clean stop | greedy tokens as {result['executors'][0]}'s |",
         "|---|---|---|---|---|---|---|",
     ]
     base = result["variants"][result["executors"][0]][0]["greedy"]
