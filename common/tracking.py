@@ -22,12 +22,10 @@ sqlite:///...`), or tracking.mlflow_uri for a server. The libraries are the opti
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import subprocess
 import sys
 import time
-from enum import Enum
 from pathlib import Path
 
 from common.config import ConfigError, TrackingConfig
@@ -53,14 +51,9 @@ def git_commit(repo: Path = REPO) -> str:
     return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
-def run_config_record(cfg, overrides: list[str]) -> dict:
-    """What <run_dir>/launch/config.json holds: the composed configuration (choices as their values),
-    the command line's overrides and the git commit."""
-
-    def plain(value):
-        return value.value if isinstance(value, Enum) else value
-
-    config = json.loads(json.dumps(dataclasses.asdict(cfg), default=plain))
+def run_config_record(config: dict, overrides: list[str]) -> dict:
+    """What <run_dir>/launch/config.json holds: the composed configuration as plain containers
+    (pipeline.config.to_dict), the command line's overrides and the git commit."""
     return {"config": config, "overrides": list(overrides), "git_commit": git_commit()}
 
 

@@ -65,7 +65,7 @@ from deploy.run_state import (
     scrape_targets,
     write_json,
 )
-from pipeline.config import PipelineConfig, load_config
+from pipeline.config import PipelineConfig, load_config, to_dict
 from pipeline.roles import LEARNER_TOKEN_ENV, RoleSpec, env_actor_spec, run_roles
 from protocol.messages import TIP_MODES
 
@@ -502,7 +502,7 @@ def main(argv: list[str], cfg: PipelineConfig) -> int:
     print(f"[launch] run dir {cfg.run_dir}; preparing model {cfg.model.name}", flush=True)
     print(f"[launch] model at {resolve_model(cfg.model.name, cfg.model.cache_dir or None)}", flush=True)
     launcher = Launcher(cfg, [*argv, f"run_dir={cfg.run_dir}"], publish=True)  # children share one (resolved) run dir
-    write_json(Path(cfg.run_dir) / CONFIG_FILE, run_config_record(cfg, argv))
+    write_json(Path(cfg.run_dir) / CONFIG_FILE, run_config_record(to_dict(cfg), argv))
     if cfg.tracking.backends:  # opened before any role starts: a backend that cannot open refuses the run
         try:
             launcher.tracker = Tracker(cfg.tracking, cfg.run_dir)

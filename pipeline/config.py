@@ -112,6 +112,13 @@ def load_config(overrides: list[str] | None = None, config_name: str = "pipeline
     return cfg
 
 
+def to_dict(cfg: PipelineConfig) -> dict:
+    """The configuration as plain containers, choices as their values (what <run_dir>/launch/config.json keeps)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
+
+
 def to_yaml(cfg: PipelineConfig, sections: tuple[str, ...] | None = None) -> str:
     """The configuration (or some of its top-level keys) as YAML, choices as their values."""
     from omegaconf import OmegaConf

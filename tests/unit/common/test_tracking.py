@@ -10,7 +10,7 @@ import pytest
 
 from common.config import ConfigError, TrackingConfig
 from common.tracking import CONFIG_FILE, Tracker, main, run_config_record, scalars
-from pipeline.config import load_config
+from pipeline.config import load_config, to_dict
 
 pytest.importorskip("tensorboard")  # the optional extra `tracking`; scripts/setup.sh installs it for the suite
 pytest.importorskip("mlflow")
@@ -22,7 +22,9 @@ EVAL = {"record": "eval", "step": 2, "mean_score": 25.0, "policy": "step_2"}
 def _run_dir(tmp_path, records, partial: str = ""):
     run = tmp_path / "run"
     (run / CONFIG_FILE).parent.mkdir(parents=True)
-    (run / CONFIG_FILE).write_text(json.dumps(run_config_record(load_config(["learner.lr=3e-5"]), ["learner.lr=3e-5"])))
+    (run / CONFIG_FILE).write_text(
+        json.dumps(run_config_record(to_dict(load_config(["learner.lr=3e-5"])), ["learner.lr=3e-5"]))
+    )
     with open(run / "metrics.jsonl", "a") as f:
         f.write("".join(json.dumps(r) + "\n" for r in records) + partial)
     return run
