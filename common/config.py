@@ -228,16 +228,23 @@ class TrackingConfig:
     the launcher's rollout counts sent to each backend named, with the run's configuration and git
     commit. Off by default; the libraries are the optional extra `tracking`."""
 
-    BACKENDS: ClassVar[tuple[str, ...]] = ("tensorboard", "mlflow")
+    BACKENDS: ClassVar[tuple[str, ...]] = ("tensorboard", "mlflow", "wandb")
+    WANDB_MODES: ClassVar[tuple[str, ...]] = ("offline", "online")
     backends: list[str] = field(default_factory=list)  # any of BACKENDS, several at once; [] = none
     dir: str = ""  # where the backends write; "" = <run_dir>/tracking
     mlflow_uri: str = ""  # an MLflow server or store; "" = the SQLite store <dir>/mlflow.db (offline)
-    experiment: str = "empo2"  # the MLflow experiment the run is filed under
+    experiment: str = "empo2"  # the MLflow experiment, and the W&B project, the run is filed under
+    # offline: a run directory under <dir>/wandb that `wandb sync` uploads later; online: streamed to
+    # W&B as the run goes (WANDB_API_KEY, or `wandb login`, in the launcher's environment)
+    wandb_mode: str = "offline"
 
     def validate(self) -> None:
         unknown = [b for b in self.backends if b not in self.BACKENDS]
         check(not unknown, "backends", f"{unknown} unknown; choose from {list(self.BACKENDS)}")
         check(len(set(self.backends)) == len(self.backends), "backends", "names a backend twice")
+        check(
+            self.wandb_mode in self.WANDB_MODES, "wandb_mode", f"{self.wandb_mode!r}: one of {list(self.WANDB_MODES)}"
+        )
 
 
 @dataclass

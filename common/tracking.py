@@ -1,4 +1,4 @@
-"""Experiment tracking: a run's records sent to TensorBoard and/or MLflow (tracking.backends).
+"""Experiment tracking: a run's records sent to TensorBoard, MLflow and/or Weights & Biases (tracking.backends).
 
 What is sent is what the run already writes, so a tracker never shows a number the run's own files
 do not: the metrics log <run_dir>/metrics.jsonl (the learner's "step" records as train/<key>, the
@@ -8,14 +8,15 @@ learner step they were read at). Each backend is given the run's composed config
 commit (<run_dir>/launch/config.json, written by empo2-run) once, when it is opened.
 
 Live, empo2-run follows the log at every progress line (launch.progress_every_s). After the fact, or
-for a run started by systemd or another launcher, `empo2-track RUN_DIR --backends tensorboard mlflow`
+for a run started by systemd or another launcher, `empo2-track RUN_DIR --backends tensorboard mlflow wandb`
 sends what the log holds. Either way a byte offset in <tracking dir>/metrics.offset keeps a record from
-being sent twice (a resumed run, a second empo2-track), and an MLflow run's id in <tracking dir>/
-mlflow_run_id makes a resumed run one MLflow run, not two.
+being sent twice (a resumed run, a second empo2-track), and an MLflow or W&B run's id in <tracking dir>/
+mlflow_run_id or wandb_run_id makes a resumed run one run of its tracker, not two.
 
 Offline by default: TensorBoard event files in <run_dir>/tracking/tensorboard (`tensorboard --logdir`),
 an MLflow SQLite store in <run_dir>/tracking/mlflow.db (`mlflow ui --backend-store-uri
-sqlite:///...`), or tracking.mlflow_uri for a server. The libraries are the optional extra `tracking`
+sqlite:///...`), or tracking.mlflow_uri for a server; a W&B offline run in <run_dir>/tracking/wandb
+(`wandb sync`), or tracking.wandb_mode=online. The libraries are the optional extra `tracking`
 (`pip install -e '.[tracking]'`); a backend asked for without its library is refused at start.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import subprocess
 import sys
 import time
@@ -34,6 +36,7 @@ from common.metrics import METRICS_LOG
 CONFIG_FILE = Path("launch") / "config.json"  # the composed configuration, its overrides and git commit
 OFFSET_FILE = "metrics.offset"
 MLFLOW_RUN_FILE = "mlflow_run_id"
+WANDB_RUN_FILE = "wandb_run_id"
 PREFIX = {"step": "train", "eval": "eval"}  # a metrics-log record's kind -> its scalars' prefix
 REPO = Path(__file__).resolve().parent.parent
 
@@ -137,6 +140,51 @@ class MlflowSink:
         self.client.set_terminated(self.run_id)
 
 
+class WandbSink:
+    # W&B drops a row logged at a step below its last one, and a periodic evaluation of step 20 can be
+    # written after step 22's record: so the learner step is a logged value, every chart's x-axis,
+    # and W&B's own step just counts rows
+    STEP_KEY = "learner_step"
+
+    def __init__(self, out: Path, record: dict, cfg: TrackingConfig, run_name: str):
+        try:
+            import wandb
+        except ImportError as e:
+            raise ConfigError("tracking", f"backend wandb: {e}; pip install -e '.[tracking]'") from e
+        run_file = out / WANDB_RUN_FILE
+        run_id = run_file.read_text().strip() if run_file.exists() else secrets.token_hex(4)  # a resumed run: the same
+        config = {
+            **record.get("config", {}),
+            "git_commit": record.get("git_commit", "unknown"),
+            "overrides": " ".join(record.get("overrides", [])),
+        }
+        try:
+            self.run = wandb.init(
+                mode=cfg.wandb_mode,
+                dir=str(out),
+                project=cfg.experiment,
+                name=run_name,
+                id=run_id,
+                resume="allow",
+                config=config,
+                settings=wandb.Settings(silent=True, console="off"),  # the roles' own logs stay the console
+            )
+        except Exception as e:  # online without credentials, an unreachable server: refused at start
+            raise ConfigError("tracking", f"backend wandb ({cfg.wandb_mode}): {type(e).__name__}: {e}") from e
+        run_file.write_text(run_id)
+        self.run.define_metric(self.STEP_KEY)
+        self.run.define_metric("*", step_metric=self.STEP_KEY)
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        self.run.log({self.STEP_KEY: step, **values})
+
+    def close(self) -> None:
+        import wandb
+
+        self.run.finish()
+        wandb.teardown()  # stops W&B's service process, which would otherwise outlive the run's last use
+
+
 class Tracker:
     """The backends of tracking.backends, fed from a run directory's metrics log and rollout counts."""
 
@@ -149,6 +197,7 @@ class Tracker:
         opened = {
             "tensorboard": lambda: TensorBoardSink(self.out, record),
             "mlflow": lambda: MlflowSink(self.out, record, cfg, self.run_dir.resolve().name),
+            "wandb": lambda: WandbSink(self.out, record, cfg, self.run_dir.resolve().name),
         }
         self.sinks = [opened[name]() for name in cfg.backends]
         self.offset_path = self.out / OFFSET_FILE
@@ -193,19 +242,26 @@ class Tracker:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="empo2-track",
-        description="Send a run's metrics log (learner steps, evaluations) to TensorBoard and/or MLflow, "
+        description="Send a run's metrics log (learner steps, evaluations) to TensorBoard, MLflow and/or W&B, "
         "after the fact or for a run empo2-run did not launch; records sent before are not sent again.",
     )
     parser.add_argument("run_dir", type=Path, help="a run directory holding metrics.jsonl")
     parser.add_argument("--backends", nargs="+", choices=TrackingConfig.BACKENDS, required=True)
     parser.add_argument("--dir", default="", help="where the backends write (default <run_dir>/tracking)")
     parser.add_argument("--mlflow-uri", default="", help="an MLflow server or store (default: <dir>/mlflow.db)")
-    parser.add_argument("--experiment", default=TrackingConfig.experiment)
+    parser.add_argument("--experiment", default=TrackingConfig.experiment, help="MLflow experiment, W&B project")
+    parser.add_argument("--wandb-mode", choices=TrackingConfig.WANDB_MODES, default=TrackingConfig.wandb_mode)
     args = parser.parse_args(argv)
     if not (args.run_dir / METRICS_LOG).exists():
         print(f"empo2-track: {args.run_dir} has no {METRICS_LOG}: not a run directory", file=sys.stderr)
         return 2
-    cfg = TrackingConfig(backends=args.backends, dir=args.dir, mlflow_uri=args.mlflow_uri, experiment=args.experiment)
+    cfg = TrackingConfig(
+        backends=args.backends,
+        dir=args.dir,
+        mlflow_uri=args.mlflow_uri,
+        experiment=args.experiment,
+        wandb_mode=args.wandb_mode,
+    )
     try:
         cfg.validate()
         tracker = Tracker(cfg, args.run_dir)

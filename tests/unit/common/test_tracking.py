@@ -1,10 +1,13 @@
-"""Experiment tracking (common/tracking.py): what a run's metrics log holds reaches TensorBoard and MLflow,
-read back with each library's own reader; nothing twice; a resumed run is the same MLflow run."""
+"""Experiment tracking (common/tracking.py): what a run's metrics log holds reaches TensorBoard, MLflow and
+W&B, read back with each library's own reader (W&B's offline run file with the reader below, since wandb
+no longer ships one); nothing twice; a resumed run is the same MLflow or W&B run."""
 
 from __future__ import annotations
 
 import json
+import struct
 import sys
+import zlib
 
 import pytest
 
@@ -44,6 +47,49 @@ def _mlflow(run):
     client = MlflowClient(f"sqlite:///{run / 'tracking' / 'mlflow.db'}")
     run_id = (run / "tracking" / "mlflow_run_id").read_text()
     return client, client.get_run(run_id)
+
+
+def _wandb_records(path) -> list:
+    """The records of a W&B run file (.wandb): a 7-byte header (":W&B", magic 0xBEE1, version 0), then
+    LevelDB-log records in 32 KiB blocks, each a 7-byte header (CRC-32 of its type byte and payload,
+    length, type: 1 full, 2 first, 3 middle, 4 last) and a piece of a serialised wandb Record."""
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    data = path.read_bytes()
+    assert struct.unpack("<4sHB", data[:7]) == (b":W&B", 0xBEE1, 0)
+    block, pos, pieces, records = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        payload = data[pos + 7 : pos + 7 + length]
+        assert zlib.crc32(payload, zlib.crc32(bytes([kind]))) == crc, f"corrupt record at byte {pos}"
+        pos += 7 + length
+        pieces = payload if kind in (1, 2) else pieces + payload
+        if kind in (1, 4):
+            records.append(Record.FromString(pieces))
+    return records
+
+
+def _wandb(run) -> list[dict]:
+    """Each W&B run directory under the run's tracking dir, oldest first, as {"id", "config", "rows"}:
+    its config updates and its logged rows (W&B's own _-keys left out)."""
+    out = []
+    for run_file in sorted((run / "tracking" / "wandb").glob("offline-run-*/run-*.wandb")):
+        found = {"id": None, "config": {}, "rows": []}
+        for r in _wandb_records(run_file):
+            kind = r.WhichOneof("record_type")
+            if kind == "run":
+                found["id"] = r.run.run_id
+            if kind in ("run", "config"):
+                update = (r.run.config if kind == "run" else r.config).update
+                found["config"].update({i.key: json.loads(i.value_json) for i in update})
+            if kind == "history":
+                row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+                found["rows"].append({k: v for k, v in row.items() if not k.startswith("_")})
+        out.append(found)
+    return out
 
 
 def test_a_records_numbers_are_its_scalars_under_its_kind():
@@ -96,6 +142,42 @@ def test_a_resumed_run_is_the_same_mlflow_run_and_sends_only_what_is_new(tmp_pat
     assert [m.step for m in client.get_metric_history(found.info.run_id, "train.loss")] == [1, 2]
 
 
+def test_wandb_gets_every_record_at_its_learner_step_with_the_config_and_commit_and_resumes_as_one_run(tmp_path):
+    pytest.importorskip("wandb")
+    late_eval = {**EVAL, "step": 1}  # an evaluation of step 1 written after step 2's record: kept, at step 1
+    run = _run_dir(tmp_path, [STEP, {**STEP, "step": 2, "loss": 0.4}, late_eval])
+    first = Tracker(TrackingConfig(backends=["wandb"]), run)
+    assert first.follow() == 3
+    first.rollout(2, {"episodes": 8})
+    first.close()
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({**STEP, "step": 3, "loss": 0.3}) + "\n")
+    second = Tracker(TrackingConfig(backends=["wandb"]), run)
+    assert second.follow() == 1
+    second.close()
+
+    before, after = _wandb(run)
+    assert before["id"] == after["id"] == (run / "tracking" / "wandb_run_id").read_text()
+    assert [(r["learner_step"], r.get("train/loss"), r.get("eval/mean_score")) for r in before["rows"][:3]] == [
+        (1, 0.5, None),
+        (2, 0.4, None),
+        (1, None, 25.0),
+    ]
+    assert before["rows"][3] == {"learner_step": 2, "rollout/episodes": 8.0}
+    assert [(r["learner_step"], r["train/loss"]) for r in after["rows"]] == [(3, 0.3)]  # only what is new
+    assert before["config"]["learner"]["lr"] == 3e-5 and before["config"]["overrides"] == "learner.lr=3e-5"
+    assert before["config"]["git_commit"]
+
+
+def test_online_wandb_without_credentials_is_refused_at_start(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))  # no `wandb login` settings
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    with pytest.raises(ConfigError, match=r"tracking.*wandb \(online\)"):
+        Tracker(TrackingConfig(backends=["wandb"], wandb_mode="online"), _run_dir(tmp_path, []))
+
+
 def test_a_backend_without_its_library_is_refused_with_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as if not installed
     with pytest.raises(ConfigError, match=r"tensorboard.*pip install -e '\.\[tracking\]'"):
@@ -113,9 +195,11 @@ def test_empo2_track_refuses_a_directory_without_a_metrics_log_and_replays_a_run
 
 def test_an_unknown_or_repeated_backend_is_refused_at_load():
     with pytest.raises(ConfigError, match="tracking.backends"):
-        load_config(["tracking.backends=[wandb]"])
+        load_config(["tracking.backends=[comet]"])
     with pytest.raises(ConfigError, match="twice"):
         load_config(["tracking.backends=[mlflow,mlflow]"])
+    with pytest.raises(ConfigError, match="tracking.wandb_mode"):
+        load_config(["tracking.wandb_mode=cloud"])
 
 
 def test_the_launcher_sends_at_each_progress_line_and_a_failing_tracker_does_not_stop_the_run(tmp_path, capsys):
