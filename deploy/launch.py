@@ -19,6 +19,9 @@ file-based discovery) current (deploy/run_state.py). A progress line every
 launch.progress_every_s comes from the processes' Prometheus endpoints. Every `key=value`
 argument is a config override passed to every child as well.
 
+Where each role runs is its Placement: here, by default; deploy/slurm.py's places each on a node of
+a Slurm allocation (a job step), with the same supervision.
+
 Scaling while it runs: `empo2-run --attach RUN_DIR launch.num_env_actors=N` asks this launcher
 (through <run_dir>/launch/scale.json) to run N env actors: new ones start at once and get
 assignments from the buffer; the ones over N are stopped gracefully and return their unfinished
@@ -110,6 +113,23 @@ class Child:
             return ""
 
 
+class Placement:
+    """Where the launcher starts each role: on this host (no command prefix), its metrics at
+    metrics.host. A scheduler's placement (deploy/slurm.py) overrides both: the host a role of
+    `kind` and `index` runs on, and the command that execs the role there."""
+
+    def host(self, kind: str, index: int, default: str) -> str:
+        return default
+
+    def exec_prefix(self, spec: RoleSpec) -> tuple[str, ...]:
+        return ()
+
+    def terminate(self, process: subprocess.Popen, spec: RoleSpec, group: bool = False) -> None:
+        """Ask a role to stop (SIGTERM): the role alone, which stops its own children in order, or
+        its whole process group. SIGKILL, where the launcher gives up on a role, is always the group's."""
+        (signal_group if group else signal_leader)(process, signal.SIGTERM)
+
+
 class Launcher:
     """Starts role processes and, in wait(), supervises them. `publish`: this is a run's launcher,
     so it serves its metrics and writes the state and scrape-target files (tools that start a
@@ -121,8 +141,10 @@ class Launcher:
         overrides: list[str],
         roles: list[RoleSpec] | None = None,
         publish: bool = False,
+        placement: Placement | None = None,
     ):
         self.cfg, self.overrides, self.publish = cfg, overrides, publish
+        self.placement = placement or Placement()
         # a run's own learner token when the config sets none: only its learner takes batches
         self.learner_token = "" if cfg.security.learner_token or not publish else secrets.token_urlsafe(24)
         self.roles = run_roles(cfg) if roles is None else roles  # a subset for other tools (TTA)
@@ -147,7 +169,13 @@ class Launcher:
         module, *command = spec.argv
         token = {LEARNER_TOKEN_ENV: self.learner_token} if self.learner_token and spec.learner_token else {}
         args = [*command, *self.overrides, *spec.args]
-        return spawn_role(module, args, self.log_dir / f"{spec.name}.log", env_extra=token)
+        log_path = self.log_dir / f"{spec.name}.log"
+        return spawn_role(module, args, log_path, env_extra=token, exec_prefix=self.placement.exec_prefix(spec))
+
+    def metrics_address(self, kind: str, index: int = 0) -> tuple[str, int]:
+        """(host, port) of the /metrics page of the role of `kind` and `index`, where it runs."""
+        m = self.cfg.metrics
+        return self.placement.host(kind, index, m.host), m.port(kind, index)
 
     def check_alive(self) -> None:
         """RuntimeError naming the first started process that has exited, with its log's last
@@ -249,7 +277,7 @@ class Launcher:
         actors = [c for c in self.children if c.spec.kind == "env_actor" and c.stop_by is None]
         for child in sorted(actors, key=lambda c: c.spec.index, reverse=True)[: max(len(actors) - count, 0)]:
             print(f"[launch] scaling down: stopping {child.name} (pid {child.process.pid})", flush=True)
-            signal_group(child.process, signal.SIGTERM)
+            self.placement.terminate(child.process, child.spec, group=True)
             child.stop_by = now + self.cfg.launch.stop_grace_s
             child.restart_at = None
         taken = {c.spec.index for c in self.children if c.spec.kind == "env_actor"}
@@ -285,7 +313,6 @@ class Launcher:
     def write_state(self) -> None:
         if not self.publish:
             return
-        m = self.cfg.metrics
         roles = [
             {
                 "name": c.name,
@@ -297,12 +324,12 @@ class Launcher:
                 "restart_reasons": c.restart_reasons,  # {"exit": n, "hung": m}
                 "last_exit": c.last_exit,
                 "exit": c.final_exit,
-                "metrics": f"{m.host}:{m.port(c.spec.kind, c.spec.index)}",
+                "metrics": "{}:{}".format(*self.metrics_address(c.spec.kind, c.spec.index)),
                 "log": str(c.log_path),
             }
             for c in self.children
         ]
-        launcher_target = f"{m.host}:{m.port('launch')}"
+        launcher_target = "{}:{}".format(*self.metrics_address("launch"))
         run_dir = Path(self.cfg.run_dir)
         write_json(run_dir / TARGETS_FILE, scrape_targets(roles, launcher_target))
         write_json(
@@ -316,12 +343,10 @@ class Launcher:
     def progress(self) -> dict:
         """The run's counts from the roles' metrics, as integers (a role not answering counts 0; a
         server not answering has version -1)."""
-        m, host = self.cfg.metrics, self.cfg.metrics.host
-        learner = scrape(host, m.port("learner"))
-        buffer = scrape(host, m.port("replay_buffer"))
-        memory = scrape(host, m.port("memory_service"))
-        servers = [scrape(host, m.port("policy_server", i)) for i in range(len(self.cfg.endpoints.policy_servers))]
-        actors = [scrape(host, m.port("env_actor", c.spec.index)) for c in self.children if c.spec.kind == "env_actor"]
+        at = self.metrics_address
+        learner, buffer, memory = scrape(*at("learner")), scrape(*at("replay_buffer")), scrape(*at("memory_service"))
+        servers = [scrape(*at("policy_server", i)) for i in range(len(self.cfg.endpoints.policy_servers))]
+        actors = [scrape(*at("env_actor", c.spec.index)) for c in self.children if c.spec.kind == "env_actor"]
         counts = {
             "learner_steps": total(learner, "empo2_learner_steps_total"),
             "episodes": total(buffer, "empo2_replay_buffer_trajectories_accepted_total"),
@@ -381,7 +406,7 @@ class Launcher:
         for child in reversed(self.children):
             if child.process.poll() is None:
                 child.note(STOPPING)  # what follows in its log is its stop
-                signal_leader(child.process, signal.SIGTERM)  # it stops its own children in order
+                self.placement.terminate(child.process, child.spec)  # it stops its own children in order
         deadline = time.monotonic() + self.cfg.launch.stop_grace_s
         for child in self.children:
             wait_group(child.process, deadline)
@@ -497,11 +522,13 @@ def attach_main(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str], cfg: PipelineConfig) -> int:
+def main(argv: list[str], cfg: PipelineConfig, placement: Placement | None = None) -> int:
+    """A run: its roles started where `placement` says (here by default), supervised to the end."""
     t0 = time.time()
     print(f"[launch] run dir {cfg.run_dir}; preparing model {cfg.model.name}", flush=True)
     print(f"[launch] model at {resolve_model(cfg.model.name, cfg.model.cache_dir or None)}", flush=True)
-    launcher = Launcher(cfg, [*argv, f"run_dir={cfg.run_dir}"], publish=True)  # children share one (resolved) run dir
+    # children share one (resolved) run dir
+    launcher = Launcher(cfg, [*argv, f"run_dir={cfg.run_dir}"], publish=True, placement=placement)
     write_json(Path(cfg.run_dir) / CONFIG_FILE, run_config_record(to_dict(cfg), argv))
     if cfg.tracking.backends:  # opened before any role starts: a backend that cannot open refuses the run
         try:

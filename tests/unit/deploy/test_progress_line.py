@@ -17,8 +17,7 @@ def test_counts_are_integers_in_the_progress_and_the_summary(monkeypatch, tmp_pa
         "empo2_policy_server_generated_tokens_total": 480.0,
     }
     monkeypatch.setattr(launch, "scrape", lambda host, port: dict(values))
-    launcher = Launcher.__new__(Launcher)  # progress() reads only the configuration and the children
-    launcher.cfg, launcher.children = load_config([f"run_dir={tmp_path}"]), []
+    launcher = Launcher(load_config([f"run_dir={tmp_path}"]), [], roles=[])  # started nothing: no children
     p = launcher.progress()
     assert p["episodes"] == 9 and p["server_versions"] == [-1]  # no version metric yet
     assert all(isinstance(v, int) for v in p.values() if not isinstance(v, list))
