@@ -11,7 +11,7 @@ setup:
 
 # the run itself needs no Prometheus: a user who has Java sets up and runs without root
 run:
-	@EMPO2_PROMETHEUS=0 bash scripts/setup.sh
+	@EMPO2_PROMETHEUS=0 EMPO2_SLURM=0 bash scripts/setup.sh
 	HF_HUB_OFFLINE=1 $(VENV)/bin/empo2-run $(ARGS)
 
 test: setup lint

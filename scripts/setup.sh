@@ -7,6 +7,8 @@
 #   EMPO2_VENV=path        the virtual environment (default: .venv in the repository)
 #   EMPO2_PROMETHEUS=1|0   install Prometheus where promtool is missing (default 1: the tests and `make
 #                          monitor` need it; `make run` passes 0, so a user with Java runs without root)
+#   EMPO2_SLURM=1|0        install Slurm (slurm-wlm, munge) where sbatch is missing (default 1: the test of
+#                          empo2-slurm runs a one-node Slurm; `make run` passes 0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +28,12 @@ if [[ ${EMPO2_PROMETHEUS:-1} == 1 ]] && ! command -v promtool >/dev/null 2>&1; t
   echo "[setup] promtool not found: installing prometheus (make monitor, the rules and monitoring tests)"
   if [[ $(id -u) -ne 0 ]]; then echo "[setup] need root for apt-get; install Prometheus (with promtool) and rerun" >&2; exit 1; fi
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
+fi
+
+if [[ ${EMPO2_SLURM:-1} == 1 ]] && ! command -v sbatch >/dev/null 2>&1; then
+  echo "[setup] sbatch not found: installing slurm-wlm and munge (the empo2-slurm test starts a one-node Slurm)"
+  if [[ $(id -u) -ne 0 ]]; then echo "[setup] need root for apt-get; install slurm-wlm and munge, or set EMPO2_SLURM=0" >&2; exit 1; fi
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
 fi
 
 stamp="$VENV/.empo2-setup-$EMPO2_TARGET-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
