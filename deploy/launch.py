@@ -45,7 +45,7 @@ from pathlib import Path
 from common.config import ConfigError
 from common.heartbeat import heartbeat_path, last_beat
 from common.metrics import LaunchMetrics
-from common.model_prep import resolve_model
+from common.model_prep import prepare_model
 from common.process import (
     group_shm_files,
     interrupt_on_sigterm,
@@ -526,7 +526,11 @@ def main(argv: list[str], cfg: PipelineConfig, placement: Placement | None = Non
     """A run: its roles started where `placement` says (here by default), supervised to the end."""
     t0 = time.time()
     print(f"[launch] run dir {cfg.run_dir}; preparing model {cfg.model.name}", flush=True)
-    print(f"[launch] model at {resolve_model(cfg.model.name, cfg.model.cache_dir or None)}", flush=True)
+    try:
+        print(f"[launch] model at {prepare_model(cfg.model.name, cfg.model.cache_dir or None)}", flush=True)
+    except RuntimeError as exc:  # a hub model neither cached nor fetchable here: refused before any role starts
+        print(f"empo2-run: {exc}", file=sys.stderr)
+        return 2
     # children share one (resolved) run dir
     launcher = Launcher(cfg, [*argv, f"run_dir={cfg.run_dir}"], publish=True, placement=placement)
     write_json(Path(cfg.run_dir) / CONFIG_FILE, run_config_record(to_dict(cfg), argv))

@@ -45,7 +45,7 @@ from actors.env_actor.episode import Episode
 from actors.env_actor.process import EnvActor
 from common.logs import setup_logging
 from common.metrics import METRICS_LOG
-from common.model_prep import resolve_model
+from common.model_prep import prepare_model
 from common.process import interrupt_on_sigterm
 from deploy.launch import Launcher
 from evaluation.config import FIXED_WEIGHTS
@@ -447,7 +447,7 @@ def main(argv: list[str], cfg: PipelineConfig) -> int:
     interrupt_on_sigterm()  # `kill` and test clean-ups take the Ctrl-C path: the started servers are stopped
     t0 = time.monotonic()
     # the embedded model is converted once here, before the servers and this process would race to
-    print(f"[eval] run dir {cfg.run_dir}; model at {resolve_model(cfg.model.name, cfg.model.cache_dir or None)}")
+    print(f"[eval] run dir {cfg.run_dir}; model at {prepare_model(cfg.model.name, cfg.model.cache_dir or None)}")
     try:
         report = run(cfg, argv)
     except KeyboardInterrupt:

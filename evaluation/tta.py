@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 from actors.env_actor.worker import EnvWorker
 from common.logs import setup_logging
-from common.model_prep import resolve_model
+from common.model_prep import prepare_model
 from common.process import exit_on_sigterm
 from deploy.launch import Launcher
 from deploy.monitor import scrape, total
@@ -186,7 +186,7 @@ def main(argv: list[str], cfg: PipelineConfig) -> int:
     t0 = time.monotonic()
     # converts the embedded model once here, before the servers and this process would race to
     print(
-        f"[tta] run dir {cfg.run_dir}; model at {resolve_model(cfg.model.name, cfg.model.cache_dir or None)}",
+        f"[tta] run dir {cfg.run_dir}; model at {prepare_model(cfg.model.name, cfg.model.cache_dir or None)}",
         flush=True,
     )
     try:
