@@ -44,6 +44,17 @@ def within(key: str, value: float, low: float, high: float) -> None:
     check(low <= value <= high, key, f"must be in [{low}, {high}], got {value}")
 
 
+def gpu_list(key: str, ids: list[int], device: str) -> int:
+    """A process's GPUs by device number ([2, 3]; [] = every GPU the host shows), as its
+    CUDA_VISIBLE_DEVICES will name them: refused unless distinct and >= 0, and with device=cpu; how many."""
+    if not ids:
+        return 0
+    check(all(i >= 0 for i in ids), key, f"{list(ids)}: device numbers are >= 0")
+    check(len(set(ids)) == len(ids), key, f"{list(ids)} names a device twice")
+    check(device != "cpu", key, f"{list(ids)} names GPUs, and the process's device is cpu")
+    return len(ids)
+
+
 def scienceworld_tasks(key: str, tasks: list[str]) -> None:
     """Every name is a ScienceWorld task (not checked where ScienceWorld is not installed)."""
     known = task_names()

@@ -220,10 +220,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    for key in ("endpoints.", "run_dir=", "metrics.host=", "metrics.index_ports="):
+    for key in (
+        "endpoints.",
+        "run_dir=",
+        "metrics.host=",
+        "metrics.index_ports=",
+        "policy_server.gpus=",
+        "learner.gpus=",
+    ):
         if any(o.startswith(key) for o in args.overrides):
             print(
-                f"empo2-k8s: {key.rstrip('.=')} is set by the manifests (the pods' DNS names and volume)",
+                f"empo2-k8s: {key.rstrip('.=')} is set by the manifests (the pods' DNS names and volume; "
+                "each pod's GPUs are the ones the device plugin gives it)",
                 file=sys.stderr,
             )
             return 2

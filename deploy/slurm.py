@@ -30,8 +30,9 @@ is given SIGTERM (--signal=B:TERM@...) and stops the same way. Resume: submit th
 replays its log, the memory service reopens its store.
 
 Tested on a real Slurm (tests/integration/test_slurm.py: slurmctld and slurmd on one node, CPU only).
-Not done: GPUs per role (every step on a node sees all of that node's GPUs, so place one policy
-server per GPU node), heterogeneous jobs (GPU and CPU partitions in one job).
+GPUs: every step sees its node's GPUs; policy_server.gpus and learner.gpus give each role its own
+(its CUDA_VISIBLE_DEVICES), as on any host. Not done: heterogeneous jobs (GPU and CPU partitions in one
+job), placement by GPU count (the table above is fixed).
 """
 
 from __future__ import annotations

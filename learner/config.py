@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.choices import Choice, Device
-from common.config import at_least, check, positive, within
+from common.config import at_least, check, gpu_list, positive, within
 
 
 class LrSchedule(Choice):
@@ -93,6 +93,7 @@ class LearnerConfig:
     entropy_coef: float = 0.0  # β_H: entropy bonus (off in the paper)
     kl_coef: float = 0.0  # β_KL: k3 KL to the initial policy, kept frozen in memory (off in the paper)
     device: Device = Device.auto  # auto (CUDA if visible) | cpu | cuda; one device per torchrun rank
+    gpus: list[int] = field(default_factory=list)  # its CUDA_VISIBLE_DEVICES ([4,5,6,7], every torchrun rank); [] = all
     # turn samples per optimizer step (the reference: 128 = 16 x 8): each batch is shuffled (seeded by the run's
     # seed and the policy version: reproducible, the same on every torchrun rank) and split into
     # ceil(samples / mini_batch_samples) near-equal mini-batches, one optimizer step each, so the clip engages
@@ -147,6 +148,7 @@ class LearnerConfig:
 
     def validate(self) -> None:
         at_least("groups_per_step", self.groups_per_step, 1)
+        gpu_list("gpus", self.gpus, self.device)
         check(
             self.max_staleness >= 0,
             "max_staleness",

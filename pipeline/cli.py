@@ -21,7 +21,7 @@ from common.config import RunFacts
 from common.heartbeat import heartbeat_path
 from common.process import lower_cpu_priority
 from pipeline.config import CONF_DIR, ConfigError, PipelineConfig, load_config, run_facts, to_yaml
-from pipeline.roles import LEARNER_TOKEN_ENV, ROLES, Role, process_index, process_name
+from pipeline.roles import LEARNER_TOKEN_ENV, ROLES, Role, process_index, process_name, visible_gpus
 
 # what every role is given beside its own sections (RunFacts), shown by its --help
 _SHARED = ("run_dir", "seed", "startup_timeout_s", "model", "endpoints", "metrics", "security")
@@ -118,6 +118,9 @@ def run(command: str, argv: list[str] | None = None) -> int | None:
         return 2
     if role.rollout:  # before the import: vLLM's and torch's threads inherit it
         lower_cpu_priority(cfg.pipeline.rollout_nice)
+    gpus = visible_gpus(command, cfg)
+    if gpus:  # before the import: CUDA reads it once; set here, every launch path (launcher, systemd, Slurm) has it
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus
     module = importlib.import_module(role.module)
     if role.driver:
         return module.main([*stage, *argv], cfg)

@@ -232,6 +232,11 @@ def _cross_section_rules(cfg: PipelineConfig) -> None:
         "the buffer would stop at fewer complete groups than a batch, and the learner wait forever",
     )
     check(
+        not ps.gpus or len(ps.gpus) == len(cfg.endpoints.policy_servers),
+        "policy_server.gpus",
+        f"{len(ps.gpus)} entries for {len(cfg.endpoints.policy_servers)} endpoints.policy_servers: one per server, or []",
+    )
+    check(
         ps.index < len(cfg.endpoints.policy_servers),
         "policy_server.index",
         f"{ps.index} is not an index of endpoints.policy_servers ({len(cfg.endpoints.policy_servers)} entries)",

@@ -117,6 +117,17 @@ class RoleSpec(NamedTuple):
     heartbeat: bool = False
 
 
+def visible_gpus(command: str, cfg: PipelineConfig) -> str:
+    """The CUDA_VISIBLE_DEVICES the configuration gives `command`'s process ("" = leave the host's):
+    policy server i's policy_server.gpus[i], the learner's learner.gpus (all its torchrun ranks)."""
+    ids = []
+    if command == "empo2-policy-server" and cfg.policy_server.gpus:
+        ids = cfg.policy_server.gpus[cfg.policy_server.index]
+    elif command == "empo2-learner":
+        ids = cfg.learner.gpus
+    return ",".join(map(str, ids))
+
+
 def process_index(role: Role, cfg: PipelineConfig) -> int:
     """Which of its kind this process is: its index key's value, or its torchrun rank."""
     if role.index_key == "RANK":

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.choices import Choice, Device
-from common.config import at_least, check
+from common.config import at_least, check, gpu_list
 
 
 class Dtype(Choice):
@@ -48,6 +48,9 @@ class PolicyServerConfig:
     # takes a share of all RAM per engine (OOM with two)
     cpu_kv_cache_gib: int = 1
     tensor_parallel_size: int = 1  # >1 needs as many GPUs (vLLM's native tensor parallelism)
+    # each server's GPUs, by policy_server.index, its CUDA_VISIBLE_DEVICES ([[0,1],[2,3]]: two servers of
+    # tensor_parallel_size 2 on one 4-GPU host); [] = every GPU the host shows (one server per host)
+    gpus: list[list[int]] = field(default_factory=list)
     enforce_eager: bool = True  # CUDA graphs cost start-up time; worth it only on long GPU runs
     executor: Executor = Executor.auto  # auto (uni on CPU with one device) | uni | mp: where vLLM's worker runs
     on_update: OnUpdate = OnUpdate.finish  # requests in flight at a weight update: finish | abort
@@ -73,5 +76,12 @@ class PolicyServerConfig:
             "uni runs one worker: tensor_parallel_size > 1 needs mp (or auto)",
         )
         check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")
+        for i, devices in enumerate(self.gpus):
+            named = gpu_list(f"gpus[{i}]", devices, self.device)
+            check(
+                named == self.tensor_parallel_size,
+                f"gpus[{i}]",
+                f"{devices!r} names {named} GPUs for a server of tensor_parallel_size {self.tensor_parallel_size}",
+            )
         at_least("max_model_len", self.max_model_len, 1)
         at_least("cpu_kv_cache_gib", self.cpu_kv_cache_gib, 1)

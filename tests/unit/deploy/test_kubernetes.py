@@ -97,6 +97,8 @@ def test_empo2_k8s_writes_the_file_and_refuses_keys_the_manifests_set(tmp_path, 
     assert all(o["metadata"]["namespace"] == "rl" for o in yaml.safe_load_all(out.read_text()))
     assert main(["--out", str(out), "endpoints.replay_buffer=tcp://x:1"]) == 2
     assert "set by the manifests" in capsys.readouterr().err
+    assert main(["--out", str(out), "learner.gpus=[0]", "learner.device=cuda"]) == 2
+    assert "device plugin" in capsys.readouterr().err
     assert main(["--out", str(out), "learner.lrr=1"]) == 2  # a bad key: refused before anything is written
 
 

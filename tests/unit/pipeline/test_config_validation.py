@@ -147,6 +147,12 @@ RULES = [
     (["learner.total_steps=abc"], "learner.total_steps"),
     (["learner.foo=1"], "learner.foo"),
     (["+learner.lrr=5"], "learner.lrr"),  # added keys the schema lacks: refused, not dropped (issue 42)
+    (["learner.gpus=[0,-1]"], "learner.gpus"),
+    (["learner.gpus=[1,1]", "learner.device=cuda"], "learner.gpus"),
+    (["learner.gpus=[0]", "learner.device=cpu"], "learner.gpus"),
+    (["policy_server.gpus=[[0]]", "policy_server.device=cpu"], "policy_server.gpus[0]"),
+    (["policy_server.gpus=[[0]]", "policy_server.tensor_parallel_size=2"], "policy_server.gpus[0]"),
+    (["policy_server.gpus=[[0],[1]]"], "policy_server.gpus"),  # two entries, one server
     (["++learner.lrr=5"], "learner.lrr"),
     (["+lrr=5"], "lrr"),
     (["++nosuch.x=1"], "nosuch"),
@@ -203,6 +209,12 @@ def test_an_added_key_a_map_field_takes_is_still_accepted():
         ["launch.hang_timeout_s=0", "learner.push_timeout_s=900"],  # hang detection off
         ["replay_buffer.lease_ttl_s=30", "env_actor.lease_renew_s=10"],  # a short lease, renewed thrice in it
         ["launch.hang_timeout_s=60", "env_actor.generate_timeout_s=45", "learner.push_timeout_s=45"],
+        [  # two servers of 2 GPUs each beside a learner on the other 4 of an 8-GPU host
+            "endpoints.policy_servers=[tcp://127.0.0.1:5550,tcp://127.0.0.1:5551]",
+            "policy_server.tensor_parallel_size=2",
+            "policy_server.gpus=[[0,1],[2,3]]",
+            "learner.gpus=[4,5,6,7]",
+        ],
         ["profile=paper"],
         ["profile=e2e"],
         ["~profile"],

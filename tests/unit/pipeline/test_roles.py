@@ -101,3 +101,32 @@ def test_the_rollout_side_is_the_policy_servers_the_env_actors_and_the_memory_se
         "empo2-env-actor",
         "empo2-memory-service",
     }
+
+
+def test_each_gpu_role_is_shown_its_own_gpus_before_its_module_is_imported(monkeypatch):
+    """pipeline/cli.py run(): CUDA_VISIBLE_DEVICES from policy_server.gpus[index] / learner.gpus, set
+    before the role's module (and CUDA) is imported, on every launch path; other roles keep the host's."""
+    import os
+
+    import pipeline.cli
+
+    seen = {}
+
+    class Role:  # stands in for a role's module: records what its process was shown, starts nothing
+        @staticmethod
+        def main(**given):
+            seen["gpus"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    real = pipeline.cli.importlib.import_module
+    roles = {r.module for r in ROLES.values()}
+    monkeypatch.setattr(pipeline.cli.importlib, "import_module", lambda name: Role if name in roles else real(name))
+    monkeypatch.setattr(pipeline.cli, "lower_cpu_priority", lambda nice: None)  # not this test process's
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    servers = ["endpoints.policy_servers=[tcp://127.0.0.1:5550,tcp://127.0.0.1:5551]", "policy_server.gpus=[[2],[3]]"]
+    pipeline.cli.run("empo2-policy-server", [*servers, "policy_server.index=1"])
+    assert seen["gpus"] == "3"
+    pipeline.cli.run("empo2-learner", ["learner.gpus=[4,5]"])
+    assert seen["gpus"] == "4,5"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    pipeline.cli.run("empo2-replay-buffer", [*servers, "learner.gpus=[4,5]"])
+    assert seen["gpus"] is None
