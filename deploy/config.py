@@ -10,6 +10,9 @@ from common.config import at_least, positive
 @dataclass
 class LaunchConfig:
     num_env_actors: int = 2  # env actor processes (each one ScienceWorld JVM)
+    # the learner's torchrun ranks on its host (data-parallel FSDP2, one device each: learner.gpus, else
+    # every GPU shown); 1 = one plain process. The launcher starts `torchrun --standalone --nproc_per_node=N`
+    learner_ranks: int = 1
     progress_every_s: float = 15.0  # progress line interval
     timeout_s: float = 3600.0  # the whole bounded run; past it everything is stopped
     stop_grace_s: float = 20.0  # SIGTERM -> SIGKILL delay at shutdown
@@ -30,6 +33,7 @@ class LaunchConfig:
 
     def validate(self) -> None:
         at_least("num_env_actors", self.num_env_actors, 1)
+        at_least("learner_ranks", self.learner_ranks, 1)
         positive("timeout_s", self.timeout_s)
         at_least("restart_budget", self.restart_budget, 0)
         positive("restart_window_s", self.restart_window_s)

@@ -232,6 +232,11 @@ def _cross_section_rules(cfg: PipelineConfig) -> None:
         "the buffer would stop at fewer complete groups than a batch, and the learner wait forever",
     )
     check(
+        not lr.gpus or len(lr.gpus) >= cfg.launch.learner_ranks,
+        "learner.gpus",
+        f"{list(lr.gpus)} has fewer devices than launch.learner_ranks ({cfg.launch.learner_ranks}), one per rank",
+    )
+    check(
         not ps.gpus or len(ps.gpus) == len(cfg.endpoints.policy_servers),
         "policy_server.gpus",
         f"{len(ps.gpus)} entries for {len(cfg.endpoints.policy_servers)} endpoints.policy_servers: one per server, or []",

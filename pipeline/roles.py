@@ -168,5 +168,8 @@ def run_roles(cfg: PipelineConfig) -> list[RoleSpec]:
     specs += [env_actor_spec(j) for j in range(cfg.launch.num_env_actors)]
     # eval.every_steps: the periodic evaluation, its own process (never in the learner's way)
     specs += [command_spec("empo2-evaluator")] if cfg.eval.every_steps else []
-    specs += [command_spec("empo2-learner", ends_run=True)]
-    return specs
+    learner = command_spec("empo2-learner", ends_run=True)
+    if cfg.launch.learner_ranks > 1:  # torchrun starts the ranks and stops them with itself
+        ranks = ["torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.launch.learner_ranks}", "-m"]
+        learner = learner._replace(argv=[*ranks, *learner.argv])
+    return [*specs, learner]

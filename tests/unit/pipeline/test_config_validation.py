@@ -150,6 +150,8 @@ RULES = [
     (["learner.gpus=[0,-1]"], "learner.gpus"),
     (["learner.gpus=[1,1]", "learner.device=cuda"], "learner.gpus"),
     (["learner.gpus=[0]", "learner.device=cpu"], "learner.gpus"),
+    (["learner.gpus=[0,1]", "learner.device=cuda", "launch.learner_ranks=4"], "learner.gpus"),
+    (["launch.learner_ranks=0"], "launch.learner_ranks"),
     (["policy_server.gpus=[[0]]", "policy_server.device=cpu"], "policy_server.gpus[0]"),
     (["policy_server.gpus=[[0]]", "policy_server.tensor_parallel_size=2"], "policy_server.gpus[0]"),
     (["policy_server.gpus=[[0],[1]]"], "policy_server.gpus"),  # two entries, one server

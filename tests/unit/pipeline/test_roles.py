@@ -130,3 +130,13 @@ def test_each_gpu_role_is_shown_its_own_gpus_before_its_module_is_imported(monke
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     pipeline.cli.run("empo2-replay-buffer", [*servers, "learner.gpus=[4,5]"])
     assert seen["gpus"] is None
+
+
+def test_the_launcher_starts_a_learner_of_several_ranks_under_torchrun():
+    one = run_roles(load_config([]))[-1]
+    assert one.argv == ["pipeline", "empo2-learner"] and one.ends_run
+    four = run_roles(load_config(["launch.learner_ranks=4"]))[-1]
+    assert four.argv == [
+        "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m", "pipeline", "empo2-learner"
+    ]  # fmt: skip
+    assert four._replace(argv=one.argv) == one  # the same role otherwise: name, metrics, token, heartbeat
