@@ -53,7 +53,16 @@ from pathlib import Path
 import psutil
 
 from benchmarks.record import REPO, run_header, write_result
-from common.metrics import METRICS_LOG
+from common.metrics import (
+    LEARNER_POLICY_VERSION,
+    LEARNER_STEPS,
+    MEMORY_SERVICE_ENTRIES,
+    METRICS_LOG,
+    POLICY_SERVER_GENERATED_TOKENS,
+    POLICY_SERVER_POLICY_VERSION,
+    REPLAY_BUFFER_OPEN_SLOTS,
+    REPLAY_BUFFER_TRAJECTORIES_ACCEPTED,
+)
 from deploy.harness import LaunchedRun, episode_audit, leftover_processes
 from deploy.monitor import scrape, total
 from deploy.run_state import read_state
@@ -133,12 +142,12 @@ class Sampler(threading.Thread):
             entry = {"up": bool(role.get("up")), "pid": role.get("pid"), "answers": bool(metrics)}
             entry["rss_mb"] = tree_rss_mb(role.get("pid")) if role.get("up") else None
             if kind == "policy_server":
-                entry["version"] = total(metrics, "empo2_policy_server_policy_version") if metrics else None
-                entry["tokens"] = total(metrics, "empo2_policy_server_generated_tokens_total") if metrics else None
+                entry["version"] = total(metrics, POLICY_SERVER_POLICY_VERSION) if metrics else None
+                entry["tokens"] = total(metrics, POLICY_SERVER_GENERATED_TOKENS) if metrics else None
             elif kind == "learner" and metrics:
-                entry["steps"] = total(metrics, "empo2_learner_policy_version")
+                entry["steps"] = total(metrics, LEARNER_POLICY_VERSION)
             elif kind == "memory_service" and metrics:
-                entry["entries"] = total(metrics, "empo2_memory_service_entries")
+                entry["entries"] = total(metrics, MEMORY_SERVICE_ENTRIES)
             row["roles"][name] = entry
         return row
 
@@ -162,7 +171,7 @@ def tree_rss_mb(pid: int | None) -> float | None:
 
 # An actor_kill waits up to this long for its phase (the group's episodes in) and an actor holding a lease
 ACTOR_KILL_WAIT_S = 120.0
-HOLDER = re.compile(r'empo2_replay_buffer_open_slots\{holder="(env_actor\d+)"\}')
+HOLDER = re.compile(re.escape(REPLAY_BUFFER_OPEN_SLOTS) + r'\{holder="(env_actor\d+)"\}')
 
 
 def leased_actor(run: LaunchedRun, phase: int) -> str | None:
@@ -171,7 +180,7 @@ def leased_actor(run: LaunchedRun, phase: int) -> str | None:
     when groups are played one at a time (max_open_groups 1), an approximation otherwise."""
     cfg = run.cfg
     buffer = scrape(cfg.metrics.host, cfg.metrics.port("replay_buffer"), timeout_s=1.0)
-    accepted = total(buffer, "empo2_replay_buffer_trajectories_accepted_total")
+    accepted = total(buffer, REPLAY_BUFFER_TRAJECTORIES_ACCEPTED)
     if not buffer or int(accepted) % cfg.replay_buffer.group_size != phase:
         return None
     holders = sorted(m.group(1) for key, v in buffer.items() if v > 0 and (m := HOLDER.fullmatch(key)))
@@ -464,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     injected: list[Injected] = []
     sampler = Sampler(run)
     try:
-        run.wait_for("the first learner step", lambda: run.metric("learner", "empo2_learner_steps_total") >= 1, 2)
+        run.wait_for("the first learner step", lambda: run.metric("learner", LEARNER_STEPS) >= 1, 2)
         sampler.t0 = time.monotonic()  # the schedule's clock starts at the first learner step
         sampler.start()
         print(f"[chaos] first learner step: {len(faults)} faults over {args.minutes:g} min", flush=True)

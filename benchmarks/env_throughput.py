@@ -49,7 +49,17 @@ import numpy as np
 import psutil
 
 from benchmarks.record import repo_relative, run_header, write_result
-from common.metrics import RoleMetrics
+from common.metrics import (
+    ENV_ACTOR_ENV_STEPS,
+    ENV_ACTOR_EPISODES,
+    ENV_ACTOR_INVALID_ACTIONS,
+    ENV_ACTOR_STEP_SECONDS,
+    POLICY_SERVER_GENERATED_TOKENS,
+    POLICY_SERVER_PROMPT_TOKENS,
+    POLICY_SERVER_READY,
+    POLICY_SERVER_REQUEST_LATENCY,
+    RoleMetrics,
+)
 from common.model_prep import resolve_model
 from common.process import exit_on_sigterm
 from common.scienceworld import ScienceWorld
@@ -64,7 +74,7 @@ HERE = Path(__file__).resolve().parent
 # below 32768: ports in Linux's ephemeral range (32768-60999) can be taken by any outgoing
 # connection (ZeroMQ, py4j, scrapes), and a metrics server then fails to bind
 POLICY_PORT, BUFFER_PORT, MEMORY_PORT, METRICS_BASE = 21550, 21560, 21570, 21600
-GENERATIONS = "empo2_policy_server_request_latency_seconds_count"  # one per completed generation
+GENERATIONS = f"{POLICY_SERVER_REQUEST_LATENCY}_count"  # one per completed generation
 CPUS = os.cpu_count() or 1
 POLL_S = 0.5  # the server's generation counter is read this often during the pipeline's window
 
@@ -333,22 +343,22 @@ def pipeline_counts(cfg: PipelineConfig, actors: int, actor_metrics: bool = True
     per_actor = [scrape(host, m.port("env_actor", j)) for j in range(actors)] if actor_metrics else []
     return {
         "generations": total(server, GENERATIONS),
-        "generated_tokens": total(server, "empo2_policy_server_generated_tokens_total"),
-        "prompt_tokens": total(server, "empo2_policy_server_prompt_tokens_total"),
-        "generation_seconds": total(server, "empo2_policy_server_request_latency_seconds_sum"),
-        "turn_seconds": sum(total(a, "empo2_env_actor_step_seconds_sum") for a in per_actor),
-        "turns": sum(total(a, "empo2_env_actor_step_seconds_count") for a in per_actor),
-        "actor_env_steps": sum(total(a, "empo2_env_actor_env_steps_total") for a in per_actor),
-        "episodes": sum(total(a, "empo2_env_actor_episodes_total") for a in per_actor),
-        "invalid_actions": sum(total(a, "empo2_env_actor_invalid_actions_mapped_total") for a in per_actor),
-        "actors_with_episodes": sum(total(a, "empo2_env_actor_episodes_total") > 0 for a in per_actor),
+        "generated_tokens": total(server, POLICY_SERVER_GENERATED_TOKENS),
+        "prompt_tokens": total(server, POLICY_SERVER_PROMPT_TOKENS),
+        "generation_seconds": total(server, f"{POLICY_SERVER_REQUEST_LATENCY}_sum"),
+        "turn_seconds": sum(total(a, f"{ENV_ACTOR_STEP_SECONDS}_sum") for a in per_actor),
+        "turns": sum(total(a, f"{ENV_ACTOR_STEP_SECONDS}_count") for a in per_actor),
+        "actor_env_steps": sum(total(a, ENV_ACTOR_ENV_STEPS) for a in per_actor),
+        "episodes": sum(total(a, ENV_ACTOR_EPISODES) for a in per_actor),
+        "invalid_actions": sum(total(a, ENV_ACTOR_INVALID_ACTIONS) for a in per_actor),
+        "actors_with_episodes": sum(total(a, ENV_ACTOR_EPISODES) > 0 for a in per_actor),
     }
 
 
 def wait_for_server(cfg: PipelineConfig, server: Launcher, timeout_s: float) -> None:
     """Until the policy server's engine is up (its start-up would disturb the first measurements)."""
     deadline = time.monotonic() + timeout_s
-    while total(scrape(cfg.metrics.host, cfg.metrics.port("policy_server", 0)), "empo2_policy_server_ready") < 1:
+    while total(scrape(cfg.metrics.host, cfg.metrics.port("policy_server", 0)), POLICY_SERVER_READY) < 1:
         server.check_alive()
         if time.monotonic() > deadline:
             raise RuntimeError(f"policy server not ready within {timeout_s:.0f}s:\n{server.children[0].tail()}")

@@ -37,6 +37,7 @@ import zmq
 
 from benchmarks.record import run_header, write_result
 from common.config import MetricsConfig
+from common.metrics import REPLAY_BUFFER_LOG_FSYNC_SECONDS
 from common.process import spawn_command, stop_group
 from deploy.monitor import scrape
 from pipeline.roles import LEARNER_TOKEN_ENV
@@ -286,7 +287,7 @@ def run_level(level: str, args, root: Path, memory_rss: Rss) -> dict:
         "errors": dict(tally.errors),
         "ack_latency_ms": {"p50": pct(tally.ack_s, 50), "p99": pct(tally.ack_s, 99)},
         "memory_latency_ms": {"p50": pct(tally.query_s, 50), "p99": pct(tally.query_s, 99)},
-        "group_commits": metrics.get("empo2_replay_buffer_log_fsync_seconds_count", 0.0),
+        "group_commits": metrics.get(f"{REPLAY_BUFFER_LOG_FSYNC_SECONDS}_count", 0.0),
         "buffer_rss": rss,
         "memory_rss": memory_rss.report(),
         "audit": audit(run_dir / "buffer.log", tally.acked),

@@ -44,6 +44,7 @@ import zmq
 
 from benchmarks.load import Rss, pct, wait_ready
 from benchmarks.record import run_header, write_result
+from common.metrics import MEMORY_SERVICE_EMBEDDING_BATCH_SIZE, MEMORY_SERVICE_EMBEDDING_CACHE
 from common.process import spawn_command, stop_group
 from deploy.monitor import scrape
 from memory_service.config import EMBEDDED_EMBEDDER, MemoryServiceConfig
@@ -209,10 +210,10 @@ def run_setting(setting: Setting, args, root: Path, real: list[str]) -> dict:
         for t in threads:
             t.join(30)
         metrics = scrape("127.0.0.1", METRICS_BASE + 101)
-        sizes = metrics.get("empo2_memory_service_embedding_batch_size_sum", 0.0)
-        calls = metrics.get("empo2_memory_service_embedding_batch_size_count", 0.0)
-        hits = metrics.get('empo2_memory_service_embedding_cache_total{result="hit"}', 0.0)
-        misses = metrics.get('empo2_memory_service_embedding_cache_total{result="miss"}', 0.0)
+        sizes = metrics.get(f"{MEMORY_SERVICE_EMBEDDING_BATCH_SIZE}_sum", 0.0)
+        calls = metrics.get(f"{MEMORY_SERVICE_EMBEDDING_BATCH_SIZE}_count", 0.0)
+        hits = metrics.get(f'{MEMORY_SERVICE_EMBEDDING_CACHE}{{result="hit"}}', 0.0)
+        misses = metrics.get(f'{MEMORY_SERVICE_EMBEDDING_CACHE}{{result="miss"}}', 0.0)
         return {
             **asdict(setting),
             "queries_per_s": round(counted[0] / wall, 1),

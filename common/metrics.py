@@ -72,6 +72,46 @@ def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> Threadin
     return server
 
 
+# The metrics other code reads from a scrape (empo2-status, the launcher's progress line, empo2-tta, the
+# benchmarks): named here once and imported there, so that renaming one renames its readers. The
+# definitions below use these names; the three RoleMetrics makes for every role and the learner's
+# staleness gauge (named after its step record's field) are checked against them by a unit test
+# (tests/unit/common/test_metrics.py). A counter is named as a scrape shows it, with _total
+# (prometheus_client registers its family without), a histogram by its family (a scrape shows
+# <name>_bucket, <name>_sum and <name>_count).
+POLICY_SERVER_POLICY_VERSION = "empo2_policy_server_policy_version"
+POLICY_SERVER_READY = "empo2_policy_server_ready"
+POLICY_SERVER_REQUESTS_IN_FLIGHT = "empo2_policy_server_requests_in_flight"
+POLICY_SERVER_GENERATED_TOKENS = "empo2_policy_server_generated_tokens_total"
+POLICY_SERVER_PROMPT_TOKENS = "empo2_policy_server_prompt_tokens_total"
+POLICY_SERVER_REQUEST_LATENCY = "empo2_policy_server_request_latency_seconds"
+ENV_ACTOR_EPISODES = "empo2_env_actor_episodes_total"
+ENV_ACTOR_ENV_STEPS = "empo2_env_actor_env_steps_total"
+ENV_ACTOR_INVALID_ACTIONS = "empo2_env_actor_invalid_actions_mapped_total"
+ENV_ACTOR_MEMORY_FALLBACKS = "empo2_env_actor_memory_fallbacks_total"
+ENV_ACTOR_TIPS_SHOWN = "empo2_env_actor_tips_shown_total"
+ENV_ACTOR_TURNS = "empo2_env_actor_turns_total"
+ENV_ACTOR_TIP_TURNS = "empo2_env_actor_tip_turns_total"
+ENV_ACTOR_STEP_SECONDS = "empo2_env_actor_step_seconds"
+REPLAY_BUFFER_TRAJECTORIES_ACCEPTED = "empo2_replay_buffer_trajectories_accepted_total"
+REPLAY_BUFFER_OPEN_SLOTS = "empo2_replay_buffer_open_slots"
+REPLAY_BUFFER_LEASE_RENEWED_AT = "empo2_replay_buffer_lease_renewed_at_seconds"
+REPLAY_BUFFER_GROUPS_OPEN = "empo2_replay_buffer_groups_open"
+REPLAY_BUFFER_GROUPS_READY = "empo2_replay_buffer_groups_ready"
+REPLAY_BUFFER_LOG_FSYNC_SECONDS = "empo2_replay_buffer_log_fsync_seconds"
+MEMORY_SERVICE_ERRORS = "empo2_memory_service_errors_total"
+MEMORY_SERVICE_ENTRIES = "empo2_memory_service_entries"
+MEMORY_SERVICE_RETRIEVAL_HITS = "empo2_memory_service_retrieval_hits"
+MEMORY_SERVICE_REFLECTIONS = "empo2_memory_service_reflections_total"
+MEMORY_SERVICE_EMBEDDING_BATCH_SIZE = "empo2_memory_service_embedding_batch_size"
+MEMORY_SERVICE_EMBEDDING_CACHE = "empo2_memory_service_embedding_cache_total"
+LEARNER_POLICY_VERSION = "empo2_learner_policy_version"
+LEARNER_STEPS = "empo2_learner_steps_total"
+LEARNER_TOKENS = "empo2_learner_tokens_total"
+LEARNER_STEP_SECONDS = "empo2_learner_step_seconds"
+LEARNER_STALENESS_MEAN_VERSIONS = "empo2_learner_staleness_mean_versions"
+
+
 class RoleMetrics:
     """The metrics every role has; role-specific ones are added by the subclasses below."""
 
@@ -133,11 +173,17 @@ class PolicyServerMetrics(RoleMetrics):
     def __init__(self) -> None:
         super().__init__("policy_server")
         self.registry.register(VllmEngineMetrics())
-        self.ready = self._gauge("ready", "1 once the engine serves requests")
-        self.requests_in_flight = self._gauge("requests_in_flight", "Generation requests being served")
-        self.generated_tokens = self._counter("generated_tokens", "Response tokens generated")
-        self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens processed")
-        self.request_latency = self._histogram("request_latency_seconds", "Generation latency", _SECONDS)
+        self.ready = Gauge(POLICY_SERVER_READY, "1 once the engine serves requests", registry=self.registry)
+        self.requests_in_flight = Gauge(
+            POLICY_SERVER_REQUESTS_IN_FLIGHT, "Generation requests being served", registry=self.registry
+        )
+        self.generated_tokens = Counter(
+            POLICY_SERVER_GENERATED_TOKENS, "Response tokens generated", registry=self.registry
+        )
+        self.prompt_tokens = Counter(POLICY_SERVER_PROMPT_TOKENS, "Prompt tokens processed", registry=self.registry)
+        self.request_latency = Histogram(
+            POLICY_SERVER_REQUEST_LATENCY, "Generation latency", buckets=_SECONDS, registry=self.registry
+        )
         self.requests_retried = self._counter(
             "requests_retried", "Generations aborted by a weight update and run again (on_update=abort)"
         )
@@ -151,22 +197,31 @@ class PolicyServerMetrics(RoleMetrics):
 class EnvActorMetrics(RoleMetrics):
     def __init__(self) -> None:
         super().__init__("env_actor")
-        self.episodes = self._counter("episodes", "Episodes finished and uploaded", ("mode",))
+        self.episodes = Counter(ENV_ACTOR_EPISODES, "Episodes finished and uploaded", ["mode"], registry=self.registry)
         self.episodes_success = self._counter(
             "episodes_success", "Episodes solved: done with score > 70 (Trajectory.success)", ("mode",)
         )
-        self.env_steps = self._counter("env_steps", "Environment steps taken")
-        self.invalid_actions = self._counter("invalid_actions_mapped", "Generated actions mapped to a valid one")
+        self.env_steps = Counter(ENV_ACTOR_ENV_STEPS, "Environment steps taken", registry=self.registry)
+        self.invalid_actions = Counter(
+            ENV_ACTOR_INVALID_ACTIONS, "Generated actions mapped to a valid one", registry=self.registry
+        )
         self.chains = self._counter(
             "prompt_chains", "Prompts that start a token chain (turn 0, history trims): the learner's sequences"
         )
-        self.memory_fallbacks = self._counter(
-            "memory_fallbacks", "Turns that went without tips because memory was unreachable"
+        self.memory_fallbacks = Counter(
+            ENV_ACTOR_MEMORY_FALLBACKS,
+            "Turns that went without tips because memory was unreachable",
+            registry=self.registry,
         )
-        self.tips_shown = self._counter("tips_shown", "Tips put into prompts")
-        self.turns = self._counter("turns", "Turns played, by mode (the denominator of tip_turns)", ("mode",))
-        self.tip_turns = self._counter(
-            "tip_turns", "Turns whose retrieval put at least one tip into the prompt, by mode", ("mode",)
+        self.tips_shown = Counter(ENV_ACTOR_TIPS_SHOWN, "Tips put into prompts", registry=self.registry)
+        self.turns = Counter(
+            ENV_ACTOR_TURNS, "Turns played, by mode (the denominator of tip_turns)", ["mode"], registry=self.registry
+        )
+        self.tip_turns = Counter(
+            ENV_ACTOR_TIP_TURNS,
+            "Turns whose retrieval put at least one tip into the prompt, by mode",
+            ["mode"],
+            registry=self.registry,
         )
         self.strategies = self._counter("strategies", "SGE: strategies written (a turn's strategy before its action)")
         self.strategy_tokens = self._histogram(
@@ -178,13 +233,20 @@ class EnvActorMetrics(RoleMetrics):
             ("outcome",),
         )
         self.last_score = self._gauge("last_episode_score", "Score of the last finished episode")
-        self.step_seconds = self._histogram("step_seconds", "Wall time of one turn (generate + env step)", _SECONDS)
+        self.step_seconds = Histogram(
+            ENV_ACTOR_STEP_SECONDS,
+            "Wall time of one turn (generate + env step)",
+            buckets=_SECONDS,
+            registry=self.registry,
+        )
 
 
 class ReplayBufferMetrics(RoleMetrics):
     def __init__(self) -> None:
         super().__init__("replay_buffer")
-        self.trajectories = self._counter("trajectories_accepted", "Trajectories accepted and persisted", ("mode",))
+        self.trajectories = Counter(
+            REPLAY_BUFFER_TRAJECTORIES_ACCEPTED, "Trajectories accepted and persisted", ["mode"], registry=self.registry
+        )
         self.trajectories_success = self._counter(
             "trajectories_success", "Accepted trajectories of solved episodes (done, score > 70)", ("mode",)
         )
@@ -205,19 +267,23 @@ class ReplayBufferMetrics(RoleMetrics):
         # what the open groups wait for: unfilled slots by the actor id holding their lease ("none": no
         # one holds it, it goes to the next actor that asks); the label values are the live leases' holders
         self.open_slots = Gauge(
-            "empo2_replay_buffer_open_slots",
+            REPLAY_BUFFER_OPEN_SLOTS,
             "Unfilled slots of the open groups, by the actor holding their lease (none: not leased)",
             ["holder"],
             registry=self.registry,
         )
         self.lease_renewed_at = Gauge(
-            "empo2_replay_buffer_lease_renewed_at_seconds",
+            REPLAY_BUFFER_LEASE_RENEWED_AT,
             "Unix time of the oldest last renewal among the slots each actor holds (empo2-status: a stopped renewer)",
             ["holder"],
             registry=self.registry,
         )
-        self.groups_open = self._gauge("groups_open", "Groups handed out and not yet complete")
-        self.groups_ready = self._gauge("groups_ready", "Complete groups waiting for the learner")
+        self.groups_open = Gauge(
+            REPLAY_BUFFER_GROUPS_OPEN, "Groups handed out and not yet complete", registry=self.registry
+        )
+        self.groups_ready = Gauge(
+            REPLAY_BUFFER_GROUPS_READY, "Complete groups waiting for the learner", registry=self.registry
+        )
         self.groups_served = self._counter("groups_served", "Groups handed to the learner")
         self.groups_dropped_stale = self._counter("groups_dropped_stale", "Groups dropped as too stale")
         self.groups_confirmed = self._counter("groups_confirmed", "Served groups the learner confirmed it used")
@@ -230,8 +296,11 @@ class ReplayBufferMetrics(RoleMetrics):
         self.log_records_skipped = self._counter(
             "log_records_skipped", "Corrupt log records skipped at start-up, by fault", ("fault",)
         )
-        self.log_fsync_seconds = self._histogram(
-            "log_fsync_seconds", "Group commit: one fsync of the log", (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5)
+        self.log_fsync_seconds = Histogram(
+            REPLAY_BUFFER_LOG_FSYNC_SECONDS,
+            "Group commit: one fsync of the log",
+            buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5),
+            registry=self.registry,
         )
         self.staleness = self._histogram(
             "batch_staleness_versions", "Learner version minus sample version", (0, 1, 2, 3, 4, 6, 8, 16)
@@ -249,16 +318,23 @@ class ReplayBufferMetrics(RoleMetrics):
 class MemoryServiceMetrics(RoleMetrics):
     def __init__(self) -> None:
         super().__init__("memory_service")
-        self.entries = self._gauge("entries", "Memory entries stored, all memories")
+        self.entries = Gauge(MEMORY_SERVICE_ENTRIES, "Memory entries stored, all memories", registry=self.registry)
         self.memories = self._gauge("memories", "Distinct memories (keys)")
         self.retrievals = self._counter("retrievals", "Retrieval queries answered")
-        self.hits = self._histogram("retrieval_hits", "Memories returned per query", (0, 1, 2, 3, 5, 8, 10))
+        self.hits = Histogram(
+            MEMORY_SERVICE_RETRIEVAL_HITS,
+            "Memories returned per query",
+            buckets=(0, 1, 2, 3, 5, 8, 10),
+            registry=self.registry,
+        )
         self.distinct_reflections = self._histogram(
             "retrieval_distinct_reflections",
             "Distinct reflections among the memories returned per query (entries of one episode share one)",
             (0, 1, 2, 3, 5, 8, 10),
         )
-        self.reflections = self._counter("reflections", "Reflections written by the policy")
+        self.reflections = Counter(
+            MEMORY_SERVICE_REFLECTIONS, "Reflections written by the policy", registry=self.registry
+        )
         self.reflection_seconds = self._histogram("reflection_seconds", "Reflection latency", _SECONDS)
         self.reflection_queue = self._gauge("reflection_queue_depth", "Episodes waiting for reflection")
         self.reports_duplicate = self._counter("reports_duplicate", "Episode reports of an episode already queued")
@@ -268,11 +344,14 @@ class MemoryServiceMetrics(RoleMetrics):
         self.reflection_batch = self._histogram(
             "reflection_batch_size", "Episodes reflected on together", (1, 2, 4, 8, 16, 32)
         )
-        self.embedding_batch = self._histogram(
-            "embedding_batch_size", "Texts embedded per call", (1, 2, 4, 8, 16, 32, 64, 128, 256)
+        self.embedding_batch = Histogram(
+            MEMORY_SERVICE_EMBEDDING_BATCH_SIZE,
+            "Texts embedded per call",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=self.registry,
         )
         self.embedding_cache = Counter(
-            "empo2_memory_service_embedding_cache_total",
+            MEMORY_SERVICE_EMBEDDING_CACHE,
             "Texts to embed, answered from memory_service.embedding_cache (hit) or embedded (miss)",
             ["result"],
             registry=self.registry,
@@ -289,12 +368,14 @@ class MemoryServiceMetrics(RoleMetrics):
 class LearnerMetrics(RoleMetrics):
     def __init__(self) -> None:
         super().__init__("learner")
-        self.steps = self._counter("steps", "Learner steps taken (batches; the policy version rises by one each)")
+        self.steps = Counter(
+            LEARNER_STEPS, "Learner steps taken (batches; the policy version rises by one each)", registry=self.registry
+        )
         self.optimizer_steps = self._counter(
             "optimizer_steps", "Optimizer steps taken: one per mini-batch (learner.mini_batch_samples) of each batch"
         )
         self.samples = self._counter("samples", "Turn samples trained on")
-        self.tokens = self._counter("tokens", "Response tokens in the loss")
+        self.tokens = Counter(LEARNER_TOKENS, "Response tokens in the loss", registry=self.registry)
         self.forward_tokens = self._counter(
             "forward_tokens",
             "Tokens laid out in the update pass's forwards (learner.packing: a chain once, a shared prefix once)",
@@ -303,7 +384,9 @@ class LearnerMetrics(RoleMetrics):
             "samples_dropped_nonfinite", "Turn samples dropped before the step: a non-finite advantage or log-prob"
         )
         self.loss = self._gauge("loss", "Last policy loss")
-        self.step_seconds = self._histogram("step_seconds", "Wall time of one optimizer step", _SECONDS)
+        self.step_seconds = Histogram(
+            LEARNER_STEP_SECONDS, "Wall time of one optimizer step", buckets=_SECONDS, registry=self.registry
+        )
         self.push_seconds = self._histogram("weight_push_seconds", "Wall time of one weight push", _SECONDS)
         self.server_version_lag = Gauge(
             "empo2_learner_server_version_lag",

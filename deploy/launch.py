@@ -44,7 +44,23 @@ from pathlib import Path
 
 from common.config import ConfigError
 from common.heartbeat import heartbeat_path, last_beat
-from common.metrics import LaunchMetrics
+from common.metrics import (
+    ENV_ACTOR_ENV_STEPS,
+    ENV_ACTOR_MEMORY_FALLBACKS,
+    ENV_ACTOR_TIP_TURNS,
+    ENV_ACTOR_TIPS_SHOWN,
+    ENV_ACTOR_TURNS,
+    LEARNER_STEPS,
+    MEMORY_SERVICE_ENTRIES,
+    MEMORY_SERVICE_REFLECTIONS,
+    MEMORY_SERVICE_RETRIEVAL_HITS,
+    POLICY_SERVER_GENERATED_TOKENS,
+    POLICY_SERVER_POLICY_VERSION,
+    POLICY_SERVER_READY,
+    REPLAY_BUFFER_GROUPS_READY,
+    REPLAY_BUFFER_TRAJECTORIES_ACCEPTED,
+    LaunchMetrics,
+)
 from common.model_prep import prepare_model
 from common.process import (
     group_shm_files,
@@ -348,20 +364,20 @@ class Launcher:
         servers = [scrape(*at("policy_server", i)) for i in range(len(self.cfg.endpoints.policy_servers))]
         actors = [scrape(*at("env_actor", c.spec.index)) for c in self.children if c.spec.kind == "env_actor"]
         counts = {
-            "learner_steps": total(learner, "empo2_learner_steps_total"),
-            "episodes": total(buffer, "empo2_replay_buffer_trajectories_accepted_total"),
-            "groups_ready": total(buffer, "empo2_replay_buffer_groups_ready"),
-            "memory_entries": total(memory, "empo2_memory_service_entries"),
-            "reflections": total(memory, "empo2_memory_service_reflections_total"),
-            "server_versions": [s.get("empo2_policy_server_policy_version", -1) for s in servers],
-            "servers_ready": sum(s.get("empo2_policy_server_ready", 0) for s in servers),
-            "generated_tokens": sum(total(s, "empo2_policy_server_generated_tokens_total") for s in servers),
-            "memories_retrieved": total(memory, "empo2_memory_service_retrieval_hits_sum"),
-            "tips_shown": sum(total(a, "empo2_env_actor_tips_shown_total") for a in actors),
-            "tip_turns": sum(total(a, "empo2_env_actor_tip_turns_total") for a in actors),
-            "turns": sum(total(a, "empo2_env_actor_turns_total") for a in actors),
-            "memory_fallbacks": sum(total(a, "empo2_env_actor_memory_fallbacks_total") for a in actors),
-            "env_steps": sum(total(a, "empo2_env_actor_env_steps_total") for a in actors),
+            "learner_steps": total(learner, LEARNER_STEPS),
+            "episodes": total(buffer, REPLAY_BUFFER_TRAJECTORIES_ACCEPTED),
+            "groups_ready": total(buffer, REPLAY_BUFFER_GROUPS_READY),
+            "memory_entries": total(memory, MEMORY_SERVICE_ENTRIES),
+            "reflections": total(memory, MEMORY_SERVICE_REFLECTIONS),
+            "server_versions": [s.get(POLICY_SERVER_POLICY_VERSION, -1) for s in servers],
+            "servers_ready": sum(s.get(POLICY_SERVER_READY, 0) for s in servers),
+            "generated_tokens": sum(total(s, POLICY_SERVER_GENERATED_TOKENS) for s in servers),
+            "memories_retrieved": total(memory, f"{MEMORY_SERVICE_RETRIEVAL_HITS}_sum"),
+            "tips_shown": sum(total(a, ENV_ACTOR_TIPS_SHOWN) for a in actors),
+            "tip_turns": sum(total(a, ENV_ACTOR_TIP_TURNS) for a in actors),
+            "turns": sum(total(a, ENV_ACTOR_TURNS) for a in actors),
+            "memory_fallbacks": sum(total(a, ENV_ACTOR_MEMORY_FALLBACKS) for a in actors),
+            "env_steps": sum(total(a, ENV_ACTOR_ENV_STEPS) for a in actors),
         }
         # every one a count: episodes 9 and versions [-1], not 9.0 and [-1.0] (Prometheus' floats)
         return {k: [int(x) for x in v] if isinstance(v, list) else int(v) for k, v in counts.items()}

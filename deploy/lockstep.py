@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import psutil
 
-from common.metrics import read_log
+from common.metrics import POLICY_SERVER_GENERATED_TOKENS, POLICY_SERVER_REQUESTS_IN_FLIGHT, read_log
 from deploy.harness import LaunchedRun
 from deploy.monitor import scrape, total
 
@@ -53,8 +53,8 @@ def poll_generation(run: LaunchedRun) -> list[Poll]:
             polls.append(
                 Poll(
                     time.time(),
-                    total(samples, "empo2_policy_server_generated_tokens_total"),
-                    total(samples, "empo2_policy_server_requests_in_flight"),
+                    total(samples, POLICY_SERVER_GENERATED_TOKENS),
+                    total(samples, POLICY_SERVER_REQUESTS_IN_FLIGHT),
                     *machine_cpu_seconds(),
                 )
             )

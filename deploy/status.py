@@ -27,15 +27,31 @@ import sys
 import time
 from pathlib import Path
 
+from common.metrics import (
+    ENV_ACTOR_ENV_STEPS,
+    ENV_ACTOR_MEMORY_FALLBACKS,
+    LEARNER_STALENESS_MEAN_VERSIONS,
+    LEARNER_STEP_SECONDS,
+    LEARNER_STEPS,
+    LEARNER_TOKENS,
+    MEMORY_SERVICE_ENTRIES,
+    MEMORY_SERVICE_RETRIEVAL_HITS,
+    POLICY_SERVER_GENERATED_TOKENS,
+    REPLAY_BUFFER_GROUPS_OPEN,
+    REPLAY_BUFFER_GROUPS_READY,
+    REPLAY_BUFFER_LEASE_RENEWED_AT,
+    REPLAY_BUFFER_OPEN_SLOTS,
+    REPLAY_BUFFER_TRAJECTORIES_ACCEPTED,
+)
 from deploy.monitor import scrape, total
 from deploy.run_state import newest_run, not_a_run, read_finished, read_state
 
 # counters whose rates the status shows: (label, role kind, metric)
 RATES = [
-    ("episodes/s", "replay_buffer", "empo2_replay_buffer_trajectories_accepted_total"),
-    ("env steps/s", "env_actor", "empo2_env_actor_env_steps_total"),
-    ("generated tokens/s", "policy_server", "empo2_policy_server_generated_tokens_total"),
-    ("learner tokens/s", "learner", "empo2_learner_tokens_total"),
+    ("episodes/s", "replay_buffer", REPLAY_BUFFER_TRAJECTORIES_ACCEPTED),
+    ("env steps/s", "env_actor", ENV_ACTOR_ENV_STEPS),
+    ("generated tokens/s", "policy_server", POLICY_SERVER_GENERATED_TOKENS),
+    ("learner tokens/s", "learner", LEARNER_TOKENS),
 ]
 
 
@@ -64,8 +80,8 @@ def pipeline_waits(buffer: dict[str, float], up: dict[str, bool], now: float) ->
     if not buffer:
         return {"slots": {}, "stall": None}
     slots, renewed = (
-        _by_label(buffer, "empo2_replay_buffer_open_slots", "holder"),
-        _by_label(buffer, "empo2_replay_buffer_lease_renewed_at_seconds", "holder"),
+        _by_label(buffer, REPLAY_BUFFER_OPEN_SLOTS, "holder"),
+        _by_label(buffer, REPLAY_BUFFER_LEASE_RENEWED_AT, "holder"),
     )
     waits, stalls = {}, []
     actors_up = any(state for name, state in up.items() if name.startswith("env_actor"))
@@ -92,9 +108,9 @@ def pipeline_waits(buffer: dict[str, float], up: dict[str, bool], now: float) ->
             )
     stall = None
     if stalls:
-        ready = buffer.get("empo2_replay_buffer_groups_ready", 0.0)
+        ready = buffer.get(REPLAY_BUFFER_GROUPS_READY, 0.0)
         stall = f"buffer waiting for {'; '.join(stalls)}; {ready:g} groups ready for the learner"
-    return {"groups_open": buffer.get("empo2_replay_buffer_groups_open"), "slots": waits, "stall": stall}
+    return {"groups_open": buffer.get(REPLAY_BUFFER_GROUPS_OPEN), "slots": waits, "stall": stall}
 
 
 def roles_from_config(overrides: list[str]) -> list[dict]:
@@ -158,26 +174,26 @@ def status(roles: list[dict], interval_s: float) -> dict:
     for label, kind, metric in RATES:
         # a role that restarted between the scrapes starts its counters again: no negative rates
         rates[label] = round(max(summed(second, kind, metric) - summed(first, kind, metric), 0.0) / dt, 3)
-    steps = summed(second, "learner", "empo2_learner_steps_total")
-    step_count = summed(second, "learner", "empo2_learner_step_seconds_count")
+    steps = summed(second, "learner", LEARNER_STEPS)
+    step_count = summed(second, "learner", f"{LEARNER_STEP_SECONDS}_count")
     buffer = next((second[name] for name, kind in kinds.items() if kind == "replay_buffer"), {})
     waits = pipeline_waits(buffer, {name: r["up"] for name, r in per_role.items()}, time.time())
     hits, queries = (
-        summed(second, "memory_service", "empo2_memory_service_retrieval_hits_sum"),
-        summed(second, "memory_service", "empo2_memory_service_retrieval_hits_count"),
+        summed(second, "memory_service", f"{MEMORY_SERVICE_RETRIEVAL_HITS}_sum"),
+        summed(second, "memory_service", f"{MEMORY_SERVICE_RETRIEVAL_HITS}_count"),
     )
     return {
         "roles": per_role,
         "rates": rates,
         "learner_step": steps,
-        "seconds_per_step": round(summed(second, "learner", "empo2_learner_step_seconds_sum") / step_count, 1)
+        "seconds_per_step": round(summed(second, "learner", f"{LEARNER_STEP_SECONDS}_sum") / step_count, 1)
         if step_count
         else None,
-        "buffer_groups_ready": summed(second, "replay_buffer", "empo2_replay_buffer_groups_ready"),
-        "staleness_mean_versions": summed(second, "learner", "empo2_learner_staleness_mean_versions"),
-        "memory_entries": summed(second, "memory_service", "empo2_memory_service_entries"),
+        "buffer_groups_ready": summed(second, "replay_buffer", REPLAY_BUFFER_GROUPS_READY),
+        "staleness_mean_versions": summed(second, "learner", LEARNER_STALENESS_MEAN_VERSIONS),
+        "memory_entries": summed(second, "memory_service", MEMORY_SERVICE_ENTRIES),
         "memory_hits_per_query": round(hits / queries, 2) if queries else None,
-        "memory_fallbacks": summed(second, "env_actor", "empo2_env_actor_memory_fallbacks_total"),
+        "memory_fallbacks": summed(second, "env_actor", ENV_ACTOR_MEMORY_FALLBACKS),
         "pipeline": waits,
     }
 

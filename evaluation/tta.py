@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 from actors.env_actor.worker import EnvWorker
 from common.logs import setup_logging
+from common.metrics import MEMORY_SERVICE_ENTRIES, MEMORY_SERVICE_ERRORS, MEMORY_SERVICE_REFLECTIONS
 from common.model_prep import prepare_model
 from common.process import exit_on_sigterm
 from deploy.launch import Launcher
@@ -41,8 +42,7 @@ from protocol.messages import ON_POLICY_TIPS, Assignment
 log = logging.getLogger("tta")
 
 TTA_ROLES = ("policy_server", "memory_service")  # prefixes of deploy.launch.run_roles names
-REFLECTIONS = "empo2_memory_service_reflections_total"
-REFLECTION_ERRORS = 'empo2_memory_service_errors_total{where="reflection"}'
+REFLECTION_ERRORS = f'{MEMORY_SERVICE_ERRORS}{{where="reflection"}}'
 REFLECTION_POLL_S = 0.5  # how often the memory service's metrics are read while a reflection is awaited
 
 
@@ -72,7 +72,7 @@ def wait_for_servers(worker: EnvWorker, launcher: Launcher) -> None:
 def reflection_counts(cfg: PipelineConfig) -> tuple[float, float]:
     """(reflections stored, reflections failed) so far, from the memory service's metrics."""
     samples = scrape(cfg.metrics.host, cfg.metrics.port("memory_service"))
-    return total(samples, REFLECTIONS), samples.get(REFLECTION_ERRORS, 0.0)
+    return total(samples, MEMORY_SERVICE_REFLECTIONS), samples.get(REFLECTION_ERRORS, 0.0)
 
 
 def wait_for_reflection(cfg: PipelineConfig, launcher: Launcher, before: tuple[float, float]) -> bool:
@@ -170,7 +170,7 @@ def run(cfg: PipelineConfig, overrides: list[str]) -> list[TaskResult]:
         cleanup.callback(worker.close)
         worker.open()  # the tokenizer and the JVM load while the servers start
         wait_for_servers(worker, launcher)
-        entries = total(scrape(cfg.metrics.host, cfg.metrics.port("memory_service")), "empo2_memory_service_entries")
+        entries = total(scrape(cfg.metrics.host, cfg.metrics.port("memory_service")), MEMORY_SERVICE_ENTRIES)
         print(
             f"[tta] ready; memory holds {entries:.0f} entries; {cfg.tta.trials} trials per task at temperature "
             f"{cfg.tta.temperature}",

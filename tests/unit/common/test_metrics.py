@@ -1,18 +1,47 @@
 """The policy server's registry re-exports vLLM's engine metrics (registered by vLLM in
 prometheus_client's global registry) and nothing else of the global registry; the metrics page
-keeps their names whatever format the scraper asks for."""
+keeps their names whatever format the scraper asks for. The code that reads the metrics from a
+scrape names them only through common/metrics.py's names, each one a metric some role exports."""
 
 from __future__ import annotations
 
+import ast
+import re
 import socket
 import struct
 import time
 import urllib.request
+from pathlib import Path
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, generate_latest
 
-from common.metrics import PolicyServerMetrics, serve_metrics
-from tests.helpers import free_port
+import common.metrics
+from common.metrics import (
+    ROLE_METRICS,
+    PolicyServerMetrics,
+    exported_families,
+    exported_sample_names,
+    serve_metrics,
+)
+from tests.helpers import REPO, free_port
+
+# Where metrics are read (and written): every package of ours. Not common/metrics.py, where the names are
+# defined, nor the Grafana board's PromQL (deploy/monitoring/make_dashboard.py), checked against the
+# exported names by tests/unit/deploy/test_deploy_files.py like the alert rules by test_rules.py.
+PACKAGES = (
+    "actors",
+    "benchmarks",
+    "common",
+    "deploy",
+    "evaluation",
+    "learner",
+    "memory_service",
+    "pipeline",
+    "protocol",
+    "replay_buffer",
+    "spa",
+)
+NOT_READERS = {REPO / "common" / "metrics.py", REPO / "deploy" / "monitoring" / "make_dashboard.py"}
 
 
 def test_vllm_engine_metrics_are_on_the_policy_server_registry():
@@ -73,3 +102,36 @@ def test_a_scraper_that_hangs_up_leaves_no_traceback_and_the_next_scrape_is_serv
         server.server_close()
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception occurred" not in err, err[-2000:]
+
+
+def metric_literals(path: Path, pattern: re.Pattern) -> list[str]:
+    """The string literals of a module that match `pattern`, its docstrings (and other bare strings) aside."""
+    tree = ast.parse(path.read_text(), str(path))
+    bare = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+    return [
+        f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in bare
+        and pattern.search(node.value)
+    ]
+
+
+def test_readers_name_only_metrics_that_common_metrics_defines():
+    """A renamed metric cannot leave a reader (empo2-status, the launcher's progress line, the benchmarks)
+    scraping a name no role exports any more: each name common/metrics.py gives the readers is exported,
+    and no other module spells out a metric's name."""
+    samples, families = exported_sample_names(), exported_families()
+    names = {k: v for k, v in vars(common.metrics).items() if isinstance(v, str) and v.startswith("empo2_")}
+    assert "LEARNER_STEPS" in names
+    for constant, name in names.items():
+        # a counter or gauge as a scrape shows it, or a histogram's family (its readers add _sum or _count)
+        assert name in samples or f"{name}_count" in families.get(name, []), f"{constant}: no role exports {name}"
+
+    roles = [cls().role for cls in ROLE_METRICS] + ["launch"]
+    metric = re.compile(rf"\bempo2_({'|'.join(roles)})_")
+    files = [p for package in PACKAGES for p in sorted((REPO / package).rglob("*.py")) if p not in NOT_READERS]
+    assert REPO / "deploy" / "status.py" in files
+    spelled = [hit for path in files for hit in metric_literals(path, metric)]
+    assert spelled == [], "name these metrics through common/metrics.py's names:\n" + "\n".join(spelled)
