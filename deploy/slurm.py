@@ -15,7 +15,8 @@ supervision, restarts and summary included), and every role is a job step of its
     policy server i      node 1 + i mod (N-1) when N > 1 (the learner's node keeps its GPUs), else node 0
     env actor j          node j mod N
 
-Endpoints are tcp://<node address>:<the configuration's port>, servers bind 0.0.0.0, every /metrics
+Endpoints are tcp://<node address>:<the configuration's port> (and NCCL's rendezvous the learner's node),
+servers bind 0.0.0.0, every /metrics
 page listens on 0.0.0.0 at its own port, and <run_dir>/prometheus/targets.json names each role's node
 (`make monitor RUN_DIR=...`, or a Prometheus that reads the file). Once it leaves loopback the run
 uses CURVE (keys written to <run_dir>/keys at submission, readable by the job's user only) unless
@@ -59,7 +60,12 @@ from pipeline.roles import RoleSpec
 SCRIPT = Path("launch") / "slurm.sbatch"  # under the run directory
 KEYS = "keys"  # under the run directory: the CURVE keys of the run (protocol/security.py)
 REPO = Path(__file__).resolve().parent.parent
-SET_BY_SLURM = ("endpoints.", "metrics.host=", "metrics.index_ports=")  # the job sets them from its allocation
+SET_BY_SLURM = (
+    "endpoints.",
+    "metrics.host=",
+    "metrics.index_ports=",
+    "weight_sync.nccl_address=",
+)  # the job sets them from its allocation
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,8 @@ class SlurmPlacement(Placement):
             f"endpoints.memory_service={moved('memory_service', 0, cfg.endpoints.memory_service)}",
             "endpoints.bind_host=0.0.0.0",
             "metrics.host=0.0.0.0",
+            # weight_sync.method=nccl: the servers meet the learner at its node's address
+            f"weight_sync.nccl_address={self.host('learner', 0, '')}",
         ]
 
 

@@ -41,6 +41,7 @@ def test_the_endpoints_move_to_their_nodes_with_their_ports_and_the_servers_open
     assert placed.endpoints.replay_buffer == f"tcp://10.0.0.1:{cfg.endpoints.replay_buffer.rsplit(':', 1)[1]}"
     assert placed.endpoints.memory_service.startswith("tcp://10.0.0.1:")
     assert placed.endpoints.bind_host == "0.0.0.0" and placed.metrics.host == "0.0.0.0"
+    assert placed.weight_sync.nccl_address == "10.0.0.1"  # the learner's node: NCCL's rendezvous
 
 
 def test_a_dry_run_writes_the_script_with_an_absolute_run_dir_and_the_runs_own_keys(tmp_path, monkeypatch, capsys):
