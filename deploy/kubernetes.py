@@ -2,6 +2,7 @@
 `empo2-k8s [--out FILE] [--image IMAGE] [--namespace NS] ... [key=value ...]` writes one YAML file:
 
     Secret                 the run's learner token (the buffer serves batches only to its learner)
+    Secret                 the run's CURVE keys (unless --insecure): each pod mounts only its own, at KEYS_DIR
     PersistentVolumeClaim  the run directory, shared by every pod (ReadWriteMany): logs, the buffer
                            log, the memory store, checkpoints, metrics.jsonl
     per role: a headless Service and a StatefulSet
@@ -19,6 +20,12 @@ prometheus.io/* annotations; a pod's ordinal (the apps.kubernetes.io/pod-index l
 policy_server.index or env_actor.index. Kubernetes restarts a pod that exits, as empo2-run restarts
 a role; the learner's pod ends the run (it exits 0 after learner.total_steps: delete the workload).
 
+The pod network is off loopback, so every socket uses CURVE (security.curve): the keys are made once
+per generated file (protocol/security.py) and kept only in the empo2-curve Secret; a server's pod
+mounts the servers' key pair and the authorized client keys, a client's pod its role's key pair and the
+servers' public key, so a stolen env-actor pod cannot push weights (SENDERS). --insecure: no keys, and
+security.insecure=true says that any client reaching the pods is served.
+
 Every generated manifest is validated offline against the Kubernetes schemas in the suite
 (tests/unit/deploy/test_kubernetes.py, kubernetes-validate); none has run on a cluster here.
 """
@@ -28,6 +35,7 @@ from __future__ import annotations
 import argparse
 import secrets
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +45,10 @@ from common.config import ConfigError
 from common.process import ROLE_ENV, ROLE_ENV_DEFAULTS
 from pipeline.config import PipelineConfig, load_config
 from pipeline.roles import LEARNER_TOKEN_ENV, ROLES
+from protocol.security import CLIENT_NAMES, generate_keys
 
 RUN_DIR = "/var/lib/empo2/run"  # the volume's mount point in every pod
+KEYS_DIR = "/var/lib/empo2/keys"  # where a pod finds its CURVE keys (security.keys_dir)
 REPO = "/opt/empo2"  # where the image holds this repository, set up (deploy/kubernetes.Dockerfile)
 VENV = f"{REPO}/.venv/bin"
 KUBERNETES_VERSION = "1.30"  # the schema the manifests are written and validated against (pod-index label: 1.28+)
@@ -54,6 +64,7 @@ class Options:
     storage: str = "50Gi"
     server_count: int = 0  # policy servers; 0 = as many as the configuration's endpoints.policy_servers
     learner_gpus: int = 1  # with learner.device=cuda: the learner pod's GPUs (torchrun ranks when > 1)
+    secure: bool = True  # CURVE on every socket, keys in the empo2-curve Secret (security.curve)
 
 
 def endpoints(count: int) -> list[str]:
@@ -76,9 +87,24 @@ def endpoints(count: int) -> list[str]:
 def manifests(cfg: PipelineConfig, overrides: list[str], opts: Options) -> list[dict]:
     """Every object of the deployment, in apply order."""
     cluster = [*overrides, *endpoints(opts.server_count or len(cfg.endpoints.policy_servers))]
+    keys = curve_keys() if opts.secure else {}
+    cluster += ["security.curve=true", f"security.keys_dir={KEYS_DIR}"] if keys else ["security.insecure=true"]
     deployed = load_config(cluster)  # what the pods will load: refused here, not in the cluster
     token = secrets.token_urlsafe(24)  # one per generated file: the Secret is the only copy
     objects: list[dict] = [
+        *(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": "empo2-curve", "namespace": opts.namespace},
+                    "type": "Opaque",
+                    "stringData": keys,
+                }
+            ]
+            if keys
+            else []
+        ),
         {
             "apiVersion": "v1",
             "kind": "Secret",
@@ -107,6 +133,31 @@ def manifests(cfg: PipelineConfig, overrides: list[str], opts: Options) -> list[
     for command, count in replicas.items():
         objects += _role(command, count, cluster, deployed, opts)
     return objects
+
+
+def curve_keys() -> dict[str, str]:
+    """A fresh set of the run's CURVE keys (protocol/security.py generate_keys) as the Secret's entries:
+    each file's path under the keys directory with "/" as "." (server.key_secret, clients.learner.key_secret,
+    authorized.env_actor.key)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        generate_keys(root)
+        return {".".join(p.relative_to(root).parts): p.read_text() for p in sorted(root.rglob("*.key*")) if p.is_file()}
+
+
+def key_items(command: str) -> list[dict]:
+    """The Secret's entries a pod of `command` mounts, at their paths under KEYS_DIR: every pod the
+    servers' public key; a server's (it binds a port) the servers' pair and the authorized client keys;
+    a client's its own role's pair. Nothing of another role's secret."""
+    role = ROLES[command]
+    wanted = ["server.key"]
+    if command in PORTS:
+        wanted += ["server.key_secret", *(f"authorized.{c}.key" for c in CLIENT_NAMES)]
+    if role.curve_client:
+        wanted += [f"clients.{role.curve_client}.key_secret"]
+    return [
+        {"key": k, "path": k.replace(".", "/", 1) if k.startswith(("clients.", "authorized.")) else k} for k in wanted
+    ]
 
 
 def _role(command: str, replicas: int, overrides: list[str], cfg: PipelineConfig, opts: Options) -> list[dict]:
@@ -143,6 +194,11 @@ def _role(command: str, replicas: int, overrides: list[str], cfg: PipelineConfig
         "ports": ports,
         "volumeMounts": [{"name": "run", "mountPath": RUN_DIR}],
     }
+    volumes = [{"name": "run", "persistentVolumeClaim": {"claimName": "empo2-run"}}]
+    if cfg.security.curve:  # the pod's own keys, read-only, readable by its user alone
+        container["volumeMounts"].append({"name": "keys", "mountPath": KEYS_DIR, "readOnly": True})
+        items = key_items(command)
+        volumes.append({"name": "keys", "secret": {"secretName": "empo2-curve", "items": items, "defaultMode": 0o400}})
     if gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
     annotations = (
@@ -174,7 +230,7 @@ def _role(command: str, replicas: int, overrides: list[str], cfg: PipelineConfig
                 "metadata": {"labels": labels, "annotations": annotations},
                 "spec": {
                     "containers": [container],
-                    "volumes": [{"name": "run", "persistentVolumeClaim": {"claimName": "empo2-run"}}],
+                    "volumes": volumes,
                     "terminationGracePeriodSeconds": int(cfg.launch.stop_grace_s),
                 },
             },
@@ -214,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", default=defaults.storage, help="the run volume's size")
     p.add_argument("--policy-servers", type=int, default=defaults.server_count, help="0: the config's count")
     p.add_argument("--learner-gpus", type=int, default=defaults.learner_gpus, help="with learner.device=cuda")
+    p.add_argument("--insecure", action="store_true", help="no CURVE (the pod network is trusted)")
     p.add_argument("overrides", nargs="*", help="key=value, as for empo2-run")
     return p
 
@@ -227,18 +284,26 @@ def main(argv: list[str] | None = None) -> int:
         "metrics.index_ports=",
         "policy_server.gpus=",
         "learner.gpus=",
+        "security.curve=",
+        "security.keys_dir=",
     ):
         if any(o.startswith(key) for o in args.overrides):
             print(
-                f"empo2-k8s: {key.rstrip('.=')} is set by the manifests (the pods' DNS names and volume; "
-                "each pod's GPUs are the ones the device plugin gives it)",
+                f"empo2-k8s: {key.rstrip('.=')} is set by the manifests (the pods' DNS names, volume and keys; "
+                "each pod's GPUs are the ones the device plugin gives it; --insecure: no CURVE)",
                 file=sys.stderr,
             )
             return 2
     try:
         cfg = load_config(args.overrides)
         opts = Options(
-            args.image, args.namespace, args.storage_class, args.storage, args.policy_servers, args.learner_gpus
+            args.image,
+            args.namespace,
+            args.storage_class,
+            args.storage,
+            args.policy_servers,
+            args.learner_gpus,
+            not args.insecure,
         )
         objects = manifests(cfg, args.overrides, opts)
     except ConfigError as e:

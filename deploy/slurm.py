@@ -212,6 +212,8 @@ def prepare(overrides: list[str], opts: JobOptions) -> tuple[Path, str]:
         if not (keys / "server.key").exists():  # a resubmission keeps the run's keys
             generate_keys(keys)
         job += ["security.curve=true", f"security.keys_dir={keys}"]
+    else:  # --insecure: the servers bind 0.0.0.0 without CURVE, which load_config refuses unless told
+        job += ["security.insecure=true"]
     cfg = load_config(job)  # refused here, not in the job
     text = sbatch_script(cfg, job, opts)
     path = run_dir / SCRIPT

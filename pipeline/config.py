@@ -18,6 +18,7 @@ OmegaConf's conversion to the dataclasses would drop them), naming the nearest k
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -295,6 +296,17 @@ def _cross_section_rules(cfg: PipelineConfig) -> None:
             "the servers would refuse the weight file",
         )
 
+    # off loopback: without CURVE any host that reaches a server could push weights to it, add trajectories
+    # to the buffer or episode reports to the memory (whose tips the policy reads); only batches need a token
+    exposed = sorted(off_loopback(cfg))
+    check(
+        not exposed or cfg.security.curve or cfg.security.insecure,
+        "security.curve",
+        f"servers bind {', '.join(exposed)} (off loopback) without CURVE: turn it on (`empo2-keys DIR`, then "
+        "security.curve=true security.keys_dir=DIR; empo2-slurm does both), or accept any client that reaches them "
+        "with security.insecure=true",
+    )
+
     # leases: a live actor renews its slot several times within the buffer's TTL
     check(
         3 * cfg.env_actor.lease_renew_s <= rb.lease_ttl_s,
@@ -405,6 +417,24 @@ def _check_ports(cfg: PipelineConfig) -> None:
         if address in seen:
             raise ConfigError(key, f"{address[0]}:{address[1]} is also {seen[address]}")
         seen[address] = key
+
+
+def off_loopback(cfg: PipelineConfig) -> set[str]:
+    """The hosts other than loopback that the run's servers bind (their endpoints, or endpoints.bind_host):
+    the policy servers, the replay buffer, the memory service, the periodic evaluation's server."""
+    served = [*cfg.endpoints.policy_servers, cfg.endpoints.replay_buffer, cfg.endpoints.memory_service]
+    served += [cfg.eval.server_endpoint] if cfg.eval.every_steps else []
+    hosts = {urlparse(cfg.endpoints.bind_address(e)).hostname for e in served if e.startswith("tcp://")}
+    return {h for h in hosts if h and h != "localhost" and not ipaddress.ip_address(_ip(h)).is_loopback}
+
+
+def _ip(host: str) -> str:
+    """A host as an IP address for the loopback test: a name other than localhost counts as off loopback."""
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        return "0.0.0.0"  # a DNS name: where it points is not known here, so not loopback
 
 
 def _tcp_address(key: str, endpoint: str) -> tuple[str, int] | None:

@@ -13,6 +13,9 @@ fi
 install -d /etc/empo2
 [[ -f /etc/empo2/empo2.env ]] || install -m 0600 "$here/empo2.env.example" /etc/empo2/empo2.env
 "$here/learner_token.sh" /etc/empo2/empo2.env  # secure by default: mode 600, a random learner token
+# CURVE keys for a deployment off loopback (the two-host line of empo2.env): made once, kept after
+[[ -f /etc/empo2/keys/server.key ]] || "$prefix/.venv/bin/empo2-keys" /etc/empo2/keys >/dev/null
+chmod -R go-rwx /etc/empo2/keys
 for unit in "$here"/*.service "$here"/*.target; do
   sed "s#/opt/empo2#$prefix#g" "$unit" > "/etc/systemd/system/$(basename "$unit")"
 done

@@ -145,3 +145,16 @@ def test_install_gives_the_environment_file_a_random_learner_token_once_and_mode
     empty = tmp_path / "empty.env"
     empty.write_text("EMPO2_LEARNER_TOKEN=\n")
     assert _learner_token(empty).returncode == 0 and len(_tokens(empty)) == 1 and _tokens(empty)[0]
+
+
+def test_the_two_host_line_uses_the_keys_install_makes_and_is_refused_without_curve():
+    """Off loopback the units need CURVE (pipeline/config.py refuses servers bound off loopback without
+    it): the example's two-host line turns it on with the keys install.sh makes once."""
+    line = next(
+        x for x in (DEPLOY / "systemd" / "empo2.env.example").read_text().splitlines() if x.startswith("#EMPO2_ARGS=")
+    )
+    args = line.removeprefix("#EMPO2_ARGS=").split()
+    assert load_config(args).security.keys_dir == "/etc/empo2/keys"
+    with pytest.raises(ConfigError, match="security.curve"):
+        load_config([a for a in args if not a.startswith("security.")])
+    assert '"$prefix/.venv/bin/empo2-keys" /etc/empo2/keys' in (DEPLOY / "systemd" / "install.sh").read_text()

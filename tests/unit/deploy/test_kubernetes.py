@@ -6,12 +6,14 @@ are requested where the config puts a role on CUDA; and what the manifests rely 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 import zmq
 
 from common.config import EndpointsConfig, MetricsConfig
-from deploy.kubernetes import KUBERNETES_VERSION, POD_INDEX, Options, main, manifests, render
+from deploy.kubernetes import KEYS_DIR, KUBERNETES_VERSION, POD_INDEX, Options, main, manifests, render
 from pipeline.config import load_config
 from protocol.transport import bind_router
 
@@ -120,3 +122,49 @@ def test_a_server_binds_its_host_at_the_endpoints_port_and_clients_use_the_name(
 def test_metrics_ports_per_index_or_one_per_kind():
     assert MetricsConfig().port("env_actor", 3) == 9403
     assert MetricsConfig(index_ports=False).port("env_actor", 3) == 9400
+
+
+def _mounted_keys(objects, tmp_path, name) -> Path:
+    """The key files a pod of StatefulSet `name` sees at its keys mount, written out as the kubelet would."""
+    secret = next(o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == "empo2-curve")
+    volume = next(
+        v for v in _stateful_sets(objects)[name]["spec"]["template"]["spec"]["volumes"] if v["name"] == "keys"
+    )
+    root = tmp_path / name
+    for item in volume["secret"]["items"]:
+        (root / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (root / item["path"]).write_text(secret["stringData"][item["key"]])
+    return root
+
+
+def test_every_pod_uses_curve_with_its_own_keys_only(tmp_path):
+    from protocol.security import CLIENT_NAMES, Curve
+
+    objects = _objects()
+    for name, stateful_set in _stateful_sets(objects).items():
+        args = _container(stateful_set)["args"]
+        assert "security.curve=true" in args and f"security.keys_dir={KEYS_DIR}" in args, name
+    buffer = _mounted_keys(objects, tmp_path, "empo2-replay-buffer")
+    Curve(buffer, None).server_keys()  # a server's pair, loadable
+    assert sorted(p.name for p in (buffer / "authorized").iterdir()) == sorted(f"{c}.key" for c in CLIENT_NAMES)
+    learner = _mounted_keys(objects, tmp_path, "empo2-learner")
+    Curve(learner, "learner").client_keys()
+    Curve(learner, "learner").server_public_key()
+    actor = _mounted_keys(objects, tmp_path, "empo2-env-actor")
+    Curve(actor, "env_actor").client_keys()
+    assert {str(p.relative_to(actor)) for p in actor.rglob("*") if p.is_file()} == {
+        "server.key",
+        "clients/env_actor.key_secret",
+    }  # no server secret, no other role's key: a stolen actor pod cannot push weights
+    memory = _mounted_keys(objects, tmp_path, "empo2-memory-service")  # a server and a client of the servers
+    Curve(memory, "memory_service").client_keys()
+    Curve(memory, None).server_keys()
+    assert _objects()[0]["stringData"] != objects[0]["stringData"]  # fresh keys per generated file
+
+
+def test_insecure_manifests_carry_no_keys_and_say_so():
+    objects = _objects(secure=False)
+    assert not [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == "empo2-curve"]
+    for stateful_set in _stateful_sets(objects).values():
+        assert "security.insecure=true" in _container(stateful_set)["args"]
+        assert [v["name"] for v in stateful_set["spec"]["template"]["spec"]["volumes"]] == ["run"]

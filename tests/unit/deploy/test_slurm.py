@@ -36,7 +36,8 @@ def test_the_learners_node_hosts_the_single_roles_servers_go_to_the_others_actor
 def test_the_endpoints_move_to_their_nodes_with_their_ports_and_the_servers_open_to_the_allocation():
     cfg = load_config(["endpoints.policy_servers=[tcp://127.0.0.1:5550,tcp://127.0.0.1:5551]"])
     overrides = SlurmPlacement(HOSTS, ADDRESSES).overrides(cfg)
-    placed = load_config(["endpoints.policy_servers=[tcp://127.0.0.1:5550,tcp://127.0.0.1:5551]", *overrides])
+    servers = "endpoints.policy_servers=[tcp://127.0.0.1:5550,tcp://127.0.0.1:5551]"
+    placed = load_config([servers, *overrides, "security.curve=true"])  # the job's CURVE: off loopback
     assert placed.endpoints.policy_servers == ["tcp://10.0.0.2:5550", "tcp://10.0.0.3:5551"]
     assert placed.endpoints.replay_buffer == f"tcp://10.0.0.1:{cfg.endpoints.replay_buffer.rsplit(':', 1)[1]}"
     assert placed.endpoints.memory_service.startswith("tcp://10.0.0.1:")
@@ -61,7 +62,9 @@ def test_a_dry_run_writes_the_script_with_an_absolute_run_dir_and_the_runs_own_k
     assert secret.read_bytes() == before
     capsys.readouterr()
     assert main(["--dry-run", "--insecure", "run_dir=runs/s"]) == 0
-    assert "security.curve" not in capsys.readouterr().out and not (tmp_path / "runs" / "s" / "keys").exists()
+    insecure = capsys.readouterr().out
+    assert "security.curve" not in insecure and not (tmp_path / "runs" / "s" / "keys").exists()
+    assert "security.insecure=true" in insecure  # servers off loopback without CURVE: said, not refused
 
 
 def test_what_the_job_sets_a_bad_value_and_a_host_without_sbatch_are_refused(tmp_path, monkeypatch, capsys):

@@ -155,6 +155,9 @@ RULES = [
     (["policy_server.gpus=[[0]]", "policy_server.device=cpu"], "policy_server.gpus[0]"),
     (["policy_server.gpus=[[0]]", "policy_server.tensor_parallel_size=2"], "policy_server.gpus[0]"),
     (["policy_server.gpus=[[0],[1]]"], "policy_server.gpus"),  # two entries, one server
+    (["endpoints.bind_host=0.0.0.0"], "security.curve"),  # servers open to every host, without CURVE
+    (["endpoints.replay_buffer=tcp://10.0.0.1:5560"], "security.curve"),
+    (["endpoints.memory_service=tcp://memory.example:5570"], "security.curve"),  # a name is not loopback
     (["++learner.lrr=5"], "learner.lrr"),
     (["+lrr=5"], "lrr"),
     (["++nosuch.x=1"], "nosuch"),
@@ -205,7 +208,9 @@ def test_an_added_key_a_map_field_takes_is_still_accepted():
         ["learner.lora_rank=8", "weight_sync.method=checkpoint"],
         ["replay_buffer.max_ready_groups=2", "learner.groups_per_step=2"],
         ["endpoints.policy_servers=[tcp://127.0.0.1:5550,tcp://127.0.0.1:5551]", "policy_server.index=1"],
-        ["endpoints.policy_servers=[tcp://10.0.0.2:5550,tcp://10.0.0.3:5550]"],  # same port, other hosts
+        ["endpoints.policy_servers=[tcp://10.0.0.2:5550,tcp://10.0.0.3:5550]", "security.curve=true"],  # other hosts
+        ["endpoints.bind_host=0.0.0.0", "security.insecure=true"],  # off loopback without CURVE, accepted
+        ["endpoints.replay_buffer=tcp://localhost:5560", "endpoints.memory_service=tcp://127.0.0.2:5570"],
         ["endpoints.memory_service=ipc:///tmp/empo2-memory"],
         ["launch.num_env_actors=700", "env_actor.index=699"],
         ["launch.hang_timeout_s=0", "learner.push_timeout_s=900"],  # hang detection off
