@@ -40,7 +40,7 @@ from learner.config import LearnerConfig, Packing
 from learner.lean_activations import lean_activations
 from learner.policy_model import load_policy
 from learner.samples import TurnSample, build_samples
-from learner.step import segments, train_step
+from learner.step import StepContext, segments, train_step
 from learner.train import Trainer
 from protocol.messages import ON_POLICY, Trajectory
 from replay_buffer.buffer import BufferLog
@@ -176,7 +176,7 @@ def measure(
         release_free_heap()  # what the entry before freed goes back: each entry's peak from the same floor
         reset_peak_rss()
         seconds, stats = timed(
-            lambda c=step_cfg: train_step(trainer.scorer, trainer.optimizer, batch, c, version=0),
+            lambda c=step_cfg: train_step(StepContext(trainer.scorer, trainer.optimizer, batch, c, version=0)),
             args.repeats,
             args.warmup,
             args.device,

@@ -45,6 +45,11 @@ place of decoupled PPO's w_t (the same ratio) under either learner.ratio:
     tis         L_t ← min(ρ_t, C) · L_t
     mis         L_t ← 1[1/C ≤ Π_{t∈i} ρ_t ≤ C] · L_t     (i: the token's turn sample, dropped whole)
     token_mask  L_t ← 1[low ≤ ρ_t ≤ high] · L_t
+
+empo2_loss assembles the terms for one micro-batch (LossInputs: its response tokens end to end), in this
+order: the masks (the low-probability mask's verdict, the sampled tokens), π_old, the rollout correction's
+weight, the clipped surrogate against the anchor the ratio mode picks (decoupled PPO's weight inside),
+× the correction's weight, HeRL's loss on hindsight tokens (hindsight_policy_loss), − β_H · H_t, + β_KL · KL_t.
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from learner.config import LearnerConfig
 
 
 @dataclass
@@ -179,3 +186,100 @@ def hindsight_policy_loss(
     token's at ρ = 1, γ = 1, and it fades as ρ grows instead of being cut off."""
     ratio = torch.exp(logp - old_logp)
     return -advantages * ratio / (ratio + gamma)
+
+
+@dataclass
+class LossInputs:
+    """What the objective reads of one micro-batch, per response token: [T] is every turn sample's response,
+    end to end in the micro-batch's order; `keep` picks the N tokens in the loss."""
+
+    logp: torch.Tensor  # [T] log πθ(a_t | s'), s' the prompt the sample's mode updates on (with grad)
+    log_softmax: torch.Tensor  # [T, V] πθ at each response position (with grad): H_t
+    behaviour_logp: torch.Tensor  # [T] log πθold(a_t | s, tips if shown): what the policy server sampled with
+    # [T] log π_old, the learner's policy before the batch's first update (no grad): decoupled PPO's πprox, the
+    # rollout correction's and HeRL's old policy; None: logp itself, detached (one step per batch: the same weights)
+    proximal_logp: torch.Tensor | None
+    ref_logp: torch.Tensor | None  # [T] log πref of the KL reference (no grad); None without one
+    advantages: torch.Tensor  # [T] float32: the A of each token's turn sample
+    hindsight: torch.Tensor  # [T] bool: HeRL's hindsight tokens
+    sample: torch.Tensor  # [T] long: each token's turn sample (mis judges samples)
+    # [T] bool: the tokens in the loss: the sampled tokens (not SGE's glue) of the samples the low-probability
+    # mask kept (its verdict is per sample: mask_subject, low_probability_mask)
+    keep: torch.Tensor
+
+
+def rollout_totals(
+    old_logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    weight: torch.Tensor,
+    corrected: torch.Tensor,
+    sample: torch.Tensor,
+    judged: torch.Tensor,
+) -> dict[str, float]:
+    """A micro-batch's metrics of the rollout correction ([N] each, over the kept tokens; `judged`: all but
+    HeRL's): KL(π_behaviour || π_old) by k3 on the sampled tokens (a_t ~ π_behaviour), |log ρ_t|'s maximum and
+    quantiles, the weights and the tokens and samples corrected."""
+    logratio = (old_logp - behaviour_logp)[judged].float()
+    gap = logratio.abs()
+    p50, p99 = torch.quantile(gap, torch.tensor([0.5, 0.99], device=gap.device)).tolist() if gap.numel() else (0, 0)
+    return dict(
+        rollout_tokens=int(gap.numel()),
+        rollout_kl=float(kl_k3(behaviour_logp[judged].float(), old_logp[judged].float()).sum()),
+        rollout_weight=float(weight[judged].sum()),
+        rollout_corrected=float(corrected[judged].sum()),
+        rollout_corrected_samples=int(sample[judged & corrected].unique().numel()),
+        rollout_logratio_max=float(gap.max()) if gap.numel() else 0.0,
+        rollout_logratio_p50=float(p50),
+        rollout_logratio_p99=float(p99),
+    )
+
+
+def empo2_loss(
+    inputs: LossInputs, cfg: LearnerConfig, hindsight_gamma: float | None = None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The EMPO2 loss L_t [N] of a micro-batch's kept tokens, to be summed and back-propagated (the token mean
+    is the optimizer step's: it divides by the kept tokens of every rank's micro-batches of the mini-batch,
+    which no micro-batch knows), and the micro-batch's metrics: sums over the kept tokens, and maxima, named
+    as learner/step.py's StepTotals. `cfg`: the clip, the ratio mode, the rollout correction and the
+    coefficients (learner.*); `hindsight_gamma`: herl.gamma, required when a token is HeRL's."""
+    # the low-probability mask (Figure 6) and the response mask: every term below is over the N kept tokens
+    keep = inputs.keep
+    logp, behaviour_logp, advantages = inputs.logp[keep], inputs.behaviour_logp[keep], inputs.advantages[keep]
+    hindsight, sample = inputs.hindsight[keep], inputs.sample[keep]
+    # π_old, the weights before the batch's first update: decoupled PPO's πprox, the correction's, HeRL's
+    old_logp = logp.detach() if inputs.proximal_logp is None else inputs.proximal_logp[keep]
+    # rollout correction: w_t from ρ_t = π_old/π_behaviour (HeRL's hindsight tokens aside: ρ_t = 1), and the
+    # ratio clipped against π_old (decoupled PPO's weight, the same ρ_t, is the correction's then)
+    weight, corrected = rollout_correction(
+        old_logp, torch.where(hindsight, old_logp, behaviour_logp), sample, cfg.rollout_correction,
+        cfg.rollout_correction_cap, cfg.rollout_correction_low, cfg.rollout_correction_high,
+    )  # fmt: skip
+    anchor_logp = behaviour_logp if cfg.rollout_correction == "none" else old_logp
+    # decoupled PPO: r_t against πprox = π_old, × w_t = πprox/πθold (capped)
+    proximal_logp = old_logp if cfg.ratio == "decoupled" and cfg.rollout_correction == "none" else None
+    clip = ClipConfig(cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+    # L_t = clipped surrogate (dual clip) [× w_t, decoupled] [× w_t, rollout correction] − β_H · H_t + β_KL · KL_t
+    loss, diag = clipped_policy_loss(logp, anchor_logp, advantages, clip, proximal_logp, cfg.behaviour_weight_cap)
+    loss = loss * weight
+    # HeRL's hindsight tokens: −A·ρ/(ρ+γ), unclipped, ρ against π_old on the prompt they are trained on
+    if bool(hindsight.any()):
+        if hindsight_gamma is None:
+            raise ValueError("hindsight samples in a batch, but no hindsight_gamma (herl.gamma) given")
+        loss = torch.where(hindsight, hindsight_policy_loss(logp, old_logp, advantages, hindsight_gamma), loss)
+    # − β_H · H_t and + β_KL · KL_t, on every kept token, hindsight ones too (both off in the paper)
+    if cfg.entropy_coef:
+        diag["entropy"] = entropy(inputs.log_softmax[keep])
+        loss = loss - cfg.entropy_coef * diag["entropy"]
+    else:  # measured all the same, without gradient (the paper's Figure 7): the same logits, no other pass
+        diag["entropy"] = measured_entropy(inputs.log_softmax)[keep]
+    if inputs.ref_logp is not None:
+        diag["kl"] = kl_k3(logp, inputs.ref_logp[keep])
+        loss = loss + cfg.kl_coef * diag["kl"]
+    metrics = dict(
+        loss=float(loss.detach().sum()),
+        kept_tokens=logp.numel(),
+        ratio_max=float(diag["ratio"].max()) if logp.numel() else 0.0,
+        **rollout_totals(old_logp, behaviour_logp, weight, corrected, sample, ~hindsight),
+        **{name: float(value.detach().float().sum()) for name, value in diag.items()},
+    )
+    return loss, metrics

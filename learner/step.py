@@ -3,9 +3,10 @@
 train_step reads: score without grad (the KL reference; the proximal policy of decoupled PPO over
 several mini-batches; tip-free minimum log-probs for the legacy tip_rollouts mask) -> per
 mini-batch (learner.mini_batch_samples, shuffled): per micro-batch: forward on the update prompt,
-low-probability mask, clipped loss, backward -> all-reduce the totals by name -> optimizer step;
-the learning-rate schedule steps once per batch. Every phase is timed (PHASES, PhaseTimer) and
-exported by the learner (empo2_learner_phase_seconds{phase=...}): the paper's Figure 12.
+low-probability mask, the EMPO2 loss (learner/loss.py, empo2_loss), backward -> all-reduce the totals
+by name -> optimizer step; the learning-rate schedule steps once per batch. Every phase is timed
+(PHASES, PhaseTimer) and exported by the learner (empo2_learner_phase_seconds{phase=...}): the
+paper's Figure 12.
 
 Data parallelism is learner/distributed.py's: each rank scores its share of the samples and the
 gradients are divided by the kept tokens of all ranks, so N ranks take the step one process takes.
@@ -25,17 +26,7 @@ from common.heartbeat import beat
 from common.process import release_free_heap
 from learner import distributed
 from learner.config import LearnerConfig, Packing
-from learner.loss import (
-    ClipConfig,
-    clipped_policy_loss,
-    entropy,
-    hindsight_policy_loss,
-    kl_k3,
-    low_probability_mask,
-    mask_subject,
-    measured_entropy,
-    rollout_correction,
-)
+from learner.loss import LossInputs, empo2_loss, low_probability_mask, mask_subject
 from learner.policy_model import Scored, batch_log_softmax, common_prefix, row_length, token_logprobs
 from learner.samples import TurnSample
 from protocol.messages import MODES, ON_POLICY, ON_POLICY_TIPS
@@ -259,14 +250,14 @@ def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
 # what a rank with no micro-batch left scores so that every rank runs the same forwards (FSDP);
 # never in the loss
 _PAD = TurnSample(
-    np.zeros(1, np.int32),
-    np.zeros(1, np.int32),
-    np.zeros(1, np.int32),
-    np.zeros(1, np.float32),
-    0.0,
-    ON_POLICY,
-    -1,
-    False,
+    update_prompt=np.zeros(1, np.int32),
+    tipfree_prompt=np.zeros(1, np.int32),
+    response=np.zeros(1, np.int32),
+    behaviour_logp=np.zeros(1, np.float32),
+    advantage=0.0,
+    mode=ON_POLICY,
+    policy_version=-1,
+    with_tips=False,
 )
 # a row shares its sequences' common prefix only when it is at least this long: below it the saving is
 # smaller than what the [B, 1, L, L] mask costs (every sequence shares the chat template's first tokens)
@@ -480,21 +471,15 @@ def micro_batch_loss(
     layout = layout if samples and layout is not None else [[1]] * len(batch)
     parts = iter(batch)
     forward_rows = [[chain([next(parts) for _ in range(n)]) for n in row] for row in layout]
-    responses = [_ids(s.response, device) for s in batch]
-    lengths = torch.tensor([r.numel() for r in responses], device=device)
+    lengths = torch.tensor([len(s.response) for s in batch], device=device)
+    split = lengths.tolist()
     # log πθ(a_t | s'), s' the update prompt: with tips on-policy, tips removed off-policy (Table 3)
-    log_softmax = batch_log_softmax(model, forward_rows)  # [ΣT, V]
-    logp = token_logprobs(log_softmax, torch.cat(responses))  # [ΣT]
+    log_softmax = batch_log_softmax(model, forward_rows)  # [T, V]
+    logp = token_logprobs(log_softmax, torch.cat([_ids(s.response, device) for s in batch]))  # [T]
     # log πθold(a_t | s, tips if shown): what the policy server sampled with
-    behaviour_logp = torch.from_numpy(np.concatenate([s.behaviour_logp for s in batch])).to(device)  # [ΣT]
-    per_sample = list(zip(samples, logp.detach().split(lengths.tolist()), behaviour_logp.split(lengths.tolist())))
-    sampled = sampled_mask(batch, lengths.tolist(), device)  # [ΣT] the tokens the policy sampled (not SGE's glue)
-    # the engines' mismatch, where the learner scores what the server scored with the same weights
-    gaps = [
-        (lp - b).abs()[m]
-        for (s, lp, b), m in zip(per_sample, sampled.split(lengths.tolist()))
-        if s.policy_version == version and s.update_is_behaviour_prompt
-    ]
+    behaviour_logp = torch.from_numpy(np.concatenate([s.behaviour_logp for s in batch])).to(device)  # [T]
+    sampled = sampled_mask(batch, split, device)  # [T] the tokens the policy sampled (not SGE's glue)
+    per_sample = list(zip(samples, logp.detach().split(split), behaviour_logp.split(split), sampled.split(split)))
     # low-probability mask (Figure 6): a sample the rule judges leaves whole if min_t log πθ(a_t | ·) < τ, on
     # its update prompt (the tip-free pre-score of an on-policy-with-tips sample under tip_rollouts)
     kept = [
@@ -503,93 +488,44 @@ def micro_batch_loss(
             mask_subject(cfg.low_prob_mask, memory_in_use, s.with_tips),
             cfg.low_prob_threshold,
         )
-        for (s, lp, _), m in zip(per_sample, pre.mask_logp_min)
+        for (s, lp, _, _), m in zip(per_sample, pre.mask_logp_min)
     ]
-    # [ΣT] the tokens in the loss: the kept samples' sampled tokens
-    keep = torch.repeat_interleave(torch.tensor(kept or [False], device=device), lengths) & sampled
-    advantages = torch.repeat_interleave(
-        torch.tensor([s.advantage for s in batch], dtype=torch.float32, device=device), lengths
-    )  # [ΣT] A of each token's sample
-    logp, behaviour_logp, advantages = logp[keep], behaviour_logp[keep], advantages[keep]  # [N] kept tokens
 
-    def before_update_logp() -> torch.Tensor:
-        """[N] log-probs under the weights before the batch's first update: pre-scored when the batch
-        takes several optimizer steps; else the update pass's own, detached."""
-        pre_scored = pre.proximal_logp
-        return logp.detach() if pre_scored is None else torch.cat(pre_scored or [torch.zeros(1)]).to(device)[keep]
+    def per_token(values: list, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """[T] each sample's value, repeated over its response tokens."""
+        return torch.repeat_interleave(torch.tensor(values, dtype=dtype, device=device), lengths)
 
-    # decoupled PPO: the proximal policy is the weights before the batch's first update
-    old_logp = before_update_logp()
-    proximal_logp = old_logp if cfg.ratio == "decoupled" and cfg.rollout_correction == "none" else None
-    clip = ClipConfig(cfg.clip_low, cfg.clip_high, cfg.dual_clip)
-    hindsight = torch.repeat_interleave(torch.tensor([s.hindsight for s in batch], device=device), lengths)[keep]
-    # rollout correction: w_t from ρ_t = π_old/π_behaviour (HeRL's hindsight samples aside: ρ_t = 1), and the
-    # ratio clipped against π_old (decoupled PPO's weight, the same ρ_t, is the correction's then)
-    token_sample = torch.repeat_interleave(torch.arange(len(batch), device=device), lengths)[keep]
-    weight, corrected = rollout_correction(
-        old_logp, torch.where(hindsight, old_logp, behaviour_logp), token_sample, cfg.rollout_correction,
-        cfg.rollout_correction_cap, cfg.rollout_correction_low, cfg.rollout_correction_high,
-    )  # fmt: skip
-    anchor_logp = behaviour_logp if cfg.rollout_correction == "none" else old_logp
-    # L_t = clipped surrogate (dual clip) [× w_t, decoupled] [× w_t, rollout correction] − β_H · H_t + β_KL · KL_t
-    loss, diag = clipped_policy_loss(logp, anchor_logp, advantages, clip, proximal_logp, cfg.behaviour_weight_cap)
-    loss = loss * weight
-    # HeRL's hindsight tokens: −A·ρ/(ρ+γ), unclipped, ρ against πold: the weights before the update, on the
-    # prompt they are trained on
-    if bool(hindsight.any()):
-        if hindsight_gamma is None:
-            raise ValueError("hindsight samples in a batch, but no hindsight_gamma (herl.gamma) given")
-        old = before_update_logp()
-        loss = torch.where(hindsight, hindsight_policy_loss(logp, old, advantages, hindsight_gamma), loss)
-    if cfg.entropy_coef:
-        diag["entropy"] = entropy(log_softmax[keep])
-        loss = loss - cfg.entropy_coef * diag["entropy"]
-    else:  # measured all the same, without gradient (the paper's Figure 7): the same logits, no other pass
-        diag["entropy"] = measured_entropy(log_softmax)[keep]
-    if pre.ref_logp is not None:
-        diag["kl"] = kl_k3(logp, torch.cat(pre.ref_logp or [torch.zeros(1, device=device)])[keep])
-        loss = loss + cfg.kl_coef * diag["kl"]
+    def pre_scored(logps: list[torch.Tensor] | None) -> torch.Tensor | None:
+        """[T] the samples' log-probs from a pass without grad (the pad's: a placeholder, never kept)."""
+        return None if logps is None else torch.cat(logps or [torch.zeros(1, device=device)]).to(device)
+
+    inputs = LossInputs(
+        logp=logp,
+        log_softmax=log_softmax,
+        behaviour_logp=behaviour_logp,
+        proximal_logp=pre_scored(pre.proximal_logp),
+        ref_logp=pre_scored(pre.ref_logp),
+        advantages=per_token([s.advantage for s in batch], torch.float32),
+        hindsight=per_token([s.hindsight for s in batch]),
+        sample=torch.repeat_interleave(torch.arange(len(batch), device=device), lengths),
+        keep=per_token(kept or [False]) & sampled,
+    )
+    loss, metrics = empo2_loss(inputs, cfg, hindsight_gamma)
+    # the engines' mismatch, where the learner scores what the server scored with the same weights (mask or not)
+    gaps = [
+        (lp - b).abs()[m] for s, lp, b, m in per_sample if s.policy_version == version and s.update_is_behaviour_prompt
+    ]
     totals = StepTotals(
-        loss=float(loss.detach().sum()),
-        kept_tokens=logp.numel(),
         forward_tokens=sum(row_length(row) for row in forward_rows) if samples else 0,
         masked_samples=kept.count(False),
         **{f"masked_{mode}": sum(not k and s.mode == mode for s, k in zip(samples, kept)) for mode in MODES},
         masked_tip_samples=sum(not k and s.with_tips for s, k in zip(samples, kept)),
         mismatch=sum(float(g.sum()) for g in gaps),
         mismatch_tokens=sum(g.numel() for g in gaps),
-        ratio_max=float(diag["ratio"].max()) if logp.numel() else 0.0,
         mismatch_max=max((float(g.max()) for g in gaps), default=0.0),
-        **rollout_totals(old_logp, behaviour_logp, weight, corrected, token_sample, ~hindsight),
-        **{name: float(value.detach().float().sum()) for name, value in diag.items()},
+        **metrics,
     )
     return loss, totals
-
-
-def rollout_totals(
-    old_logp: torch.Tensor,
-    behaviour_logp: torch.Tensor,
-    weight: torch.Tensor,
-    corrected: torch.Tensor,
-    sample: torch.Tensor,
-    judged: torch.Tensor,
-) -> dict[str, float]:
-    """A micro-batch's StepTotals of the rollout correction ([N] each, over the kept tokens; `judged`: all but
-    HeRL's): KL(π_behaviour || π_old) by k3 on the sampled tokens (a_t ~ π_behaviour), |log ρ_t|'s maximum and
-    quantiles, the weights and the tokens and samples corrected."""
-    logratio = (old_logp - behaviour_logp)[judged].float()
-    gap = logratio.abs()
-    p50, p99 = torch.quantile(gap, torch.tensor([0.5, 0.99], device=gap.device)).tolist() if gap.numel() else (0, 0)
-    return dict(
-        rollout_tokens=int(gap.numel()),
-        rollout_kl=float(kl_k3(behaviour_logp[judged].float(), old_logp[judged].float()).sum()),
-        rollout_weight=float(weight[judged].sum()),
-        rollout_corrected=float(corrected[judged].sum()),
-        rollout_corrected_samples=int(sample[judged & corrected].unique().numel()),
-        rollout_logratio_max=float(gap.max()) if gap.numel() else 0.0,
-        rollout_logratio_p50=float(p50),
-        rollout_logratio_p99=float(p99),
-    )
 
 
 def optimizer_step(model, optimizer, kept_tokens: int, max_grad_norm: float) -> bool:
@@ -605,19 +541,25 @@ def optimizer_step(model, optimizer, kept_tokens: int, max_grad_norm: float) -> 
     return True
 
 
-def train_step(
-    model,
-    optimizer,
-    samples: list[TurnSample],
-    cfg: LearnerConfig,
-    version: int,
-    ref_model=None,
-    scheduler=None,
-    timer: PhaseTimer | None = None,
-    memory_in_use: bool = True,
-    seed: int | None = None,
-    hindsight_gamma: float | None = None,
-) -> StepStats:
+@dataclass
+class StepContext:
+    """What one train_step works with: the policy, its optimizer and schedule, the batch, and the run's facts."""
+
+    model: torch.nn.Module  # the policy (the learner's ResponseScorer, FSDP-sharded on several ranks)
+    optimizer: torch.optim.Optimizer
+    samples: list[TurnSample]  # the batch (every rank's: each takes its share)
+    cfg: LearnerConfig
+    version: int  # the policy version the batch updates: the engines' mismatch is measured on its samples
+    ref_model: torch.nn.Module | None = None  # the frozen KL reference (learner.kl_coef); None without one
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None  # the learning-rate schedule
+    timer: PhaseTimer | None = None  # gets the score, forward_backward and optimizer phases
+    # replay_buffer.p_memory > 0: turns the paper's low-probability mask on (learner.low_prob_mask=paper)
+    memory_in_use: bool = True
+    seed: int | None = None  # the run's seed: with `version`, the mini-batch shuffle's
+    hindsight_gamma: float | None = None  # herl.gamma, for the batch's HeRL hindsight samples (required then)
+
+
+def train_step(ctx: StepContext) -> StepStats:
     """One learner step over a batch: one optimizer step per mini-batch, each the token mean of the
     EMPO2 loss over that mini-batch's kept tokens.
 
@@ -630,16 +572,15 @@ def train_step(
     are divided by the kept tokens of all ranks of that mini-batch, which is exactly the token mean
     without knowing the low-probability mask in advance (it is decided per sample after its
     forward). The learning-rate schedule steps once, at the end (once per policy version).
-    `timer` gets the score, forward_backward and optimizer phases. `memory_in_use`
-    (replay_buffer.p_memory > 0) turns the paper's low-probability mask on (learner.low_prob_mask=paper).
-    `hindsight_gamma`: herl.gamma, for the batch's HeRL hindsight samples (required when it has some).
     """
+    model, optimizer, samples, cfg = ctx.model, ctx.optimizer, ctx.samples, ctx.cfg
     device = next(model.parameters()).device
-    timer = PhaseTimer(device) if timer is None else timer
+    timer = PhaseTimer(device) if ctx.timer is None else ctx.timer
     distributed.init(device.type)  # a plain caller gets a group of one
     share, budget = cfg.packing == Packing.group, cfg.micro_batch_tokens
     segs = segments(samples, cfg.packing)
-    plan = mini_batch_plan([len(seg) for seg in segs], cfg.mini_batch_samples, cfg.update_epochs, seed, version)
+    sizes = [len(seg) for seg in segs]
+    plan = mini_batch_plan(sizes, cfg.mini_batch_samples, cfg.update_epochs, ctx.seed, ctx.version)
     plan = [rank_rows(samples, [segs[j] for j in mb], budget, share) for mb in plan]  # this rank's rows of each
     mine = sorted({tuple(seg) for mb, _ in plan for row in mb for seg in row})  # every segment it updates on
     model.train()
@@ -647,7 +588,7 @@ def train_step(
     with timer.phase("score"):
         pre = score_before_update(
             model,
-            ref_model,
+            ctx.ref_model,
             samples,
             budget,
             tipfree_mask=cfg.low_prob_mask == "tip_rollouts",
@@ -671,10 +612,10 @@ def train_step(
                     [samples[i] for i in order],
                     pre.take(order),
                     cfg,
-                    version,
-                    memory_in_use,
+                    ctx.version,
+                    ctx.memory_in_use,
                     layout=[[len(seg) for seg in row] for row in chosen],
-                    hindsight_gamma=hindsight_gamma,
+                    hindsight_gamma=ctx.hindsight_gamma,
                 )
                 if loss.device.type == "cpu":
                     # the forward's freed temporaries, back to the kernel before the backward's: on CPU
@@ -689,8 +630,8 @@ def train_step(
         totals.add(mb_totals)
     with timer.phase("optimizer"):
         lr = optimizer.param_groups[0]["lr"]  # the batch's: the schedule steps once per policy version
-        if scheduler is not None:
-            scheduler.step()
+        if ctx.scheduler is not None:
+            ctx.scheduler.step()
     return StepStats.from_totals(
         totals, samples, lr, optimizer_steps=steps, passes=cfg.update_epochs, segments=len(segs)
     )

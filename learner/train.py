@@ -50,7 +50,7 @@ from learner.optim import build_optimizer
 from learner.policy_model import ResponseScorer, load_policy
 from learner.rnd import RNDBonus
 from learner.samples import GiGPO, build_samples, finite_samples
-from learner.step import PHASES, PhaseTimer, StepStats, train_step
+from learner.step import PHASES, PhaseTimer, StepContext, StepStats, train_step
 from learner.weight_push import BackgroundPushes, PushTiming, WeightPusher, build_chunks, snapshot, weight_tensors
 from protocol import Client, RemoteError, RequestTimeout
 from protocol.messages import Batch, BatchConfirm, BatchRequest, Ping, Pong, Trajectory, Wait
@@ -141,17 +141,19 @@ class Trainer:
             if nonfinite:
                 log.warning("dropped %d turn samples with a non-finite advantage or log-prob", nonfinite)
         stats = train_step(
-            self.scorer,
-            self.optimizer,
-            samples,
-            self.cfg,
-            self.version,
-            self.ref,
-            self.scheduler,
-            timer,
-            memory_in_use=self.memory_in_use,
-            seed=self.seed,
-            hindsight_gamma=self.herl.gamma if self.herl else None,
+            StepContext(
+                model=self.scorer,
+                optimizer=self.optimizer,
+                samples=samples,
+                cfg=self.cfg,
+                version=self.version,
+                ref_model=self.ref,
+                scheduler=self.scheduler,
+                timer=timer,
+                memory_in_use=self.memory_in_use,
+                seed=self.seed,
+                hindsight_gamma=self.herl.gamma if self.herl else None,
+            )
         )
         self.version += 1
         stats.samples_nonfinite = nonfinite

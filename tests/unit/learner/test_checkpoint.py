@@ -15,7 +15,7 @@ from learner.checkpoint import list_checkpoints, load_trainer_state, model_dir, 
 from learner.config import LearnerConfig
 from learner.optim import build_optimizer
 from learner.samples import TurnSample
-from learner.step import train_step
+from learner.step import StepContext, train_step
 from protocol.messages import ON_POLICY
 
 CFG = LearnerConfig(lr=1e-2, lr_schedule="cosine", warmup_steps=2, total_steps=5)
@@ -58,7 +58,10 @@ def _samples(step: int) -> list[TurnSample]:
 def test_resumed_step_equals_uninterrupted_step(tmp_path, k):
     model = _model()
     optimizer, scheduler = build_optimizer(model.parameters(), CFG)
-    lrs = [train_step(model, optimizer, _samples(step), CFG, step, scheduler=scheduler).lr for step in range(k)]
+    lrs = [
+        train_step(StepContext(model, optimizer, _samples(step), CFG, step, scheduler=scheduler)).lr
+        for step in range(k)
+    ]
     save_checkpoint(
         tmp_path,
         k,
@@ -67,14 +70,16 @@ def test_resumed_step_equals_uninterrupted_step(tmp_path, k):
         {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
         keep_last=2,
     )
-    uninterrupted = train_step(model, optimizer, _samples(k), CFG, version=k, scheduler=scheduler)
+    uninterrupted = train_step(StepContext(model, optimizer, _samples(k), CFG, version=k, scheduler=scheduler))
     assert uninterrupted.lr != lrs[-1]  # the schedule moves at the resumed step (warm-up at k=1, decay at k=3)
 
     (path,) = list_checkpoints(tmp_path)
     resumed_model = LlamaForCausalLM.from_pretrained(model_dir(path), dtype=torch.float32)
     resumed_optimizer, resumed_scheduler = build_optimizer(resumed_model.parameters(), CFG)
     assert load_trainer_state(path, {"optimizer": resumed_optimizer, "scheduler": resumed_scheduler}) == k
-    resumed = train_step(resumed_model, resumed_optimizer, _samples(k), CFG, version=k, scheduler=resumed_scheduler)
+    resumed = train_step(
+        StepContext(resumed_model, resumed_optimizer, _samples(k), CFG, version=k, scheduler=resumed_scheduler)
+    )
 
     assert resumed.lr == uninterrupted.lr
     assert resumed.loss == pytest.approx(uninterrupted.loss, abs=1e-7)
@@ -127,7 +132,7 @@ def _old_layout(root, version: int, model, states: dict):
 def test_a_checkpoint_of_the_older_layout_still_resumes(tmp_path):
     model = _model()
     optimizer, scheduler = build_optimizer(model.parameters(), CFG)
-    train_step(model, optimizer, _samples(0), CFG, 0, scheduler=scheduler)
+    train_step(StepContext(model, optimizer, _samples(0), CFG, 0, scheduler=scheduler))
     old = _old_layout(tmp_path, 1, model, {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()})
     assert list_checkpoints(tmp_path) == [old] and model_dir(old) == old and resolve_model(str(old)) == str(old)
     resumed = LlamaForCausalLM.from_pretrained(model_dir(old), dtype=torch.float32)

@@ -12,7 +12,7 @@ from common.metrics import LearnerMetrics
 from learner.config import LearnerConfig
 from learner.exploration import METRICS, episode_states, exploration_stats, state_key
 from learner.samples import TurnSample
-from learner.step import StepStats, StepTotals, train_step
+from learner.step import StepContext, StepStats, StepTotals, train_step
 from learner.train import step_record
 from learner.weight_push import PushTiming
 from protocol.messages import ON_POLICY, Trajectory, TurnRecord
@@ -135,7 +135,7 @@ def test_the_entropy_is_measured_at_every_step_and_is_in_the_loss_only_with_entr
     for entropy_coef in (0.0, coef):
         model = tiny_llama(vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-        stats.append(train_step(model, optimizer, samples, LearnerConfig(entropy_coef=entropy_coef), 0))
+        stats.append(train_step(StepContext(model, optimizer, samples, LearnerConfig(entropy_coef=entropy_coef), 0)))
     measured, in_loss = stats
     assert 0.0 < measured.entropy_mean <= np.log(vocab) + 1e-4
     assert measured.entropy_mean == pytest.approx(in_loss.entropy_mean, rel=1e-5)

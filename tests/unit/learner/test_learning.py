@@ -17,7 +17,7 @@ from learner.advantages import CountBonus
 from learner.config import LearnerConfig
 from learner.rnd import RNDBonus
 from learner.samples import GiGPO, build_samples
-from learner.step import train_step
+from learner.step import StepContext, train_step
 from pipeline.config import load_config
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory
 from tests.factories import Turn, tiny_llama, trajectory
@@ -82,7 +82,7 @@ def test_rewarded_action_becomes_more_likely(preset, mode):
             _episode(model, mode, BAD, 0.0, 3, version),
         ]
         samples = build_samples(group, cfg.score_scale, intrinsic, cfg.adv_eps, gigpo)
-        stats = train_step(model, optimizer, samples, cfg, version)
+        stats = train_step(StepContext(model, optimizer, samples, cfg, version))
         assert stats.tokens == 4
     after = float(np.exp(logprobs(model, PROMPT, GOOD))[0])
     assert after > before * 1.5, (before, after)
@@ -97,7 +97,7 @@ def test_entropy_and_kl_options_enter_the_step():
     ref = copy.deepcopy(model).requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     group = [_episode(model, ON_POLICY, GOOD, 100.0, 0, 0), _episode(model, ON_POLICY, BAD, 0.0, 1, 0)]
-    first = train_step(model, optimizer, build_samples(group, 0.01, CountBonus(1.0), 1e-6), cfg, 0, ref)
+    first = train_step(StepContext(model, optimizer, build_samples(group, 0.01, CountBonus(1.0), 1e-6), cfg, 0, ref))
     assert first.entropy_mean > 0.0 and first.kl_mean == pytest.approx(0.0, abs=1e-7)  # θ = πref at first
-    second = train_step(model, optimizer, build_samples(group, 0.01, CountBonus(1.0), 1e-6), cfg, 1, ref)
+    second = train_step(StepContext(model, optimizer, build_samples(group, 0.01, CountBonus(1.0), 1e-6), cfg, 1, ref))
     assert second.kl_mean > 0.0  # the policy moved away from the reference

@@ -14,7 +14,7 @@ import torch
 
 import learner.step as step_mod
 from learner.config import LearnerConfig
-from learner.loss import ClipConfig, clipped_policy_loss, low_probability_mask
+from learner.loss import ClipConfig, LossInputs, clipped_policy_loss, empo2_loss, low_probability_mask
 from learner.samples import TurnSample
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
 from tests.helpers import logprobs
@@ -192,6 +192,37 @@ def test_low_probability_mask():
     assert low_probability_mask(-0.3, subject=True, threshold=-5.0) is True
 
 
+# ------------------------------------------------------------- empo2_loss on a hand-built micro-batch
+
+
+def test_empo2_loss_clips_one_token_and_leaves_the_masked_one_out():
+    # three tokens, behaviour log-prob 0: r = 2 (A = 1, clipped at 1.3), r = 1.1 (A = 1, inside the range),
+    # and r = e^5 (A = −1) of a sample the mask dropped: it would hit the dual clip if it were in the loss
+    logp = torch.tensor([math.log(2.0), math.log(1.1), 5.0], requires_grad=True)
+    inputs = LossInputs(
+        logp=logp,
+        log_softmax=torch.full((3, 4), math.log(0.25)),  # a uniform policy over 4 tokens: H_t = log 4
+        behaviour_logp=torch.zeros(3),
+        proximal_logp=None,
+        ref_logp=None,
+        advantages=torch.tensor([1.0, 1.0, -1.0]),
+        hindsight=torch.zeros(3, dtype=torch.bool),
+        sample=torch.tensor([0, 0, 1]),
+        keep=torch.tensor([True, True, False]),
+    )
+    loss, metrics = empo2_loss(inputs, LearnerConfig(clip_low=0.2, clip_high=0.3, dual_clip=10.0))
+    # N = 2 kept tokens: L = −A · clip(2, 0.8, 1.3) = −1.3 and −A · r = −1.1
+    assert loss.tolist() == pytest.approx([-1.3, -1.1], abs=1e-6)
+    loss.sum().backward()
+    # the clipped token and the masked one give no gradient; the other −A · r = −1.1
+    assert logp.grad.tolist() == pytest.approx([0.0, -1.1, 0.0], abs=1e-6)
+    assert metrics["kept_tokens"] == 2 and metrics["loss"] == pytest.approx(-2.4, abs=1e-6)
+    assert metrics["clipped"] == 1.0 and metrics["dual_clipped"] == 0.0
+    assert metrics["ratio"] == pytest.approx(3.1, abs=1e-6) and metrics["ratio_max"] == pytest.approx(2.0)
+    assert metrics["entropy"] == pytest.approx(2 * math.log(4), abs=1e-6) and "kl" not in metrics
+    assert metrics["rollout_tokens"] == 2 and metrics["rollout_weight"] == 2.0  # no correction: w_t = 1
+
+
 # ---------------------------------------------------- train_step: the three EMPO2 modes
 
 VOCAB = 64
@@ -284,7 +315,7 @@ def test_off_policy_sample_scores_tipfree_prompt_against_tip_behaviour(tiny_mode
     assert wrong == pytest.approx(-1.0, abs=1e-5)
     assert abs(expected - wrong) > 1e-3  # the test can tell the two prompts apart
 
-    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(), version=3)
+    stats = step_mod.train_step(step_mod.StepContext(tiny_model, _sgd(tiny_model), [s], _cfg(), version=3))
 
     assert len(recorder) == 1  # no separate tip-free pass: the update prompt is already tip-free
     np.testing.assert_array_equal(recorder[0][0], base)
@@ -303,7 +334,9 @@ def test_on_policy_tips_sample_scores_full_prompt_with_tips(tiny_model, recorder
     # -A * r = -2 * exp(0.1) = -2 * 1.1051709 = -2.2103418
     assert expected == pytest.approx(-2.2103418, abs=1e-4)
 
-    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(low_prob_mask="tip_rollouts"), version=5)
+    stats = step_mod.train_step(
+        step_mod.StepContext(tiny_model, _sgd(tiny_model), [s], _cfg(low_prob_mask="tip_rollouts"), version=5)
+    )
 
     # tip_rollouts: the tip-free prompt for the mask, without grad (first); the update prompt with tips, with grad
     assert len(recorder) == 2
@@ -324,7 +357,7 @@ def test_the_paper_mask_judges_the_update_pass_so_no_tipfree_pass_runs(tiny_mode
     tipfree_min = float(logprobs(tiny_model, base, response).min())
     assert _cfg().low_prob_mask == "paper"  # the default
 
-    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(), version=5)
+    stats = step_mod.train_step(step_mod.StepContext(tiny_model, _sgd(tiny_model), [s], _cfg(), version=5))
 
     assert len(recorder) == 1  # the update pass only, with tips and with grad
     np.testing.assert_array_equal(recorder[0][0], with_tips)
@@ -332,11 +365,12 @@ def test_the_paper_mask_judges_the_update_pass_so_no_tipfree_pass_runs(tiny_mode
     assert stats.samples_masked == 0
     # judged on the with-tips minimum: a threshold between the two minima decides by it, not the tip-free one
     threshold = (with_tips_min + tipfree_min) / 2
-    masked = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(low_prob_threshold=threshold), version=5)
-    assert masked.samples_masked == int(with_tips_min < threshold)
-    legacy = step_mod.train_step(
-        tiny_model, _sgd(tiny_model), [s], _cfg(low_prob_threshold=threshold, low_prob_mask="tip_rollouts"), version=5
+    masked = step_mod.train_step(
+        step_mod.StepContext(tiny_model, _sgd(tiny_model), [s], _cfg(low_prob_threshold=threshold), version=5)
     )
+    assert masked.samples_masked == int(with_tips_min < threshold)
+    legacy_cfg = _cfg(low_prob_threshold=threshold, low_prob_mask="tip_rollouts")
+    legacy = step_mod.train_step(step_mod.StepContext(tiny_model, _sgd(tiny_model), [s], legacy_cfg, version=5))
     assert legacy.samples_masked == int(tipfree_min < threshold) != masked.samples_masked
 
 
@@ -346,7 +380,7 @@ def test_on_policy_sample_scores_its_prompt_once(tiny_model, recorder):
     behaviour = logprobs(tiny_model, base, response)
     s = _sample(base, base, response, behaviour, -1.0, ON_POLICY, 0, False)
 
-    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], _cfg(), version=0)
+    stats = step_mod.train_step(step_mod.StepContext(tiny_model, _sgd(tiny_model), [s], _cfg(), version=0))
 
     assert len(recorder) == 1
     np.testing.assert_array_equal(recorder[0][0], base)
@@ -369,7 +403,7 @@ def test_low_probability_mask_drops_tip_samples_and_loss_is_token_mean_of_kept(t
     expected, tokens = _expected_loss(tiny_model, [(base, on)])
     assert tokens == 2
 
-    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), samples, cfg, version=2)
+    stats = step_mod.train_step(step_mod.StepContext(tiny_model, _sgd(tiny_model), samples, cfg, version=2))
 
     assert stats.samples == 3
     assert stats.samples_masked == 2
@@ -392,7 +426,7 @@ def test_loss_is_token_mean_over_all_kept_samples(tiny_model):
     assert abs(per_sample - expected) > 1e-3
     before = [p.detach().clone() for p in tiny_model.parameters()]
 
-    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [on, tips, off], _cfg(), version=2)
+    stats = step_mod.train_step(step_mod.StepContext(tiny_model, _sgd(tiny_model), [on, tips, off], _cfg(), version=2))
 
     assert stats.samples_masked == 0 and stats.tokens == 9
     assert stats.loss == pytest.approx(expected, abs=1e-5)
@@ -418,7 +452,9 @@ def test_logprob_mismatch_only_from_same_version_same_prompt_samples(tiny_model)
         base, base, r4, logprobs(tiny_model, base, r4) + np.float32(3.0), 0.5, ON_POLICY, version - 1, False
     )
 
-    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [on, tips, off, stale], _cfg(), version=version)
+    stats = step_mod.train_step(
+        step_mod.StepContext(tiny_model, _sgd(tiny_model), [on, tips, off, stale], _cfg(), version=version)
+    )
 
     assert stats.mismatch_tokens == 3 + 2
     assert stats.logprob_mismatch_mean_nats == pytest.approx(0.5, abs=1e-4)
@@ -431,7 +467,7 @@ def test_off_policy_turn_without_tips_counts_for_mismatch(tiny_model):
     r = np.array([7, 8], dtype=np.int32)
     s = _sample(base, base, r, logprobs(tiny_model, base, r) + np.float32(0.25), 1.0, OFF_POLICY, 1, False)
     cfg = _cfg(low_prob_threshold=-0.01, low_prob_mask="tip_rollouts")
-    stats = step_mod.train_step(tiny_model, _sgd(tiny_model), [s], cfg, version=1)
+    stats = step_mod.train_step(step_mod.StepContext(tiny_model, _sgd(tiny_model), [s], cfg, version=1))
     assert stats.samples_masked == 0  # no tips: never masked (by the tip_rollouts rule)
     assert stats.mismatch_tokens == 2
     assert stats.logprob_mismatch_mean_nats == pytest.approx(0.25, abs=1e-4)

@@ -18,7 +18,7 @@ from transformers import LlamaForCausalLM
 from learner.config import LearnerConfig
 from learner.loss import mask_subject
 from learner.samples import TurnSample
-from learner.step import train_step
+from learner.step import StepContext, train_step
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
 from tests.factories import tiny_llama
 from tests.helpers import logprobs
@@ -91,7 +91,9 @@ def test_mask_decisions_per_mode_under_both_rules(model):
         differ += expected["paper"][ON_POLICY_TIPS] != expected["tip_rollouts"][ON_POLICY_TIPS]
         for rule, masked in expected.items():
             opt = torch.optim.SGD(model.parameters(), lr=0.0)
-            stats = train_step(model, opt, list(samples.values()), _cfg(rule, threshold), 0, memory_in_use=True)
+            stats = train_step(
+                StepContext(model, opt, list(samples.values()), _cfg(rule, threshold), 0, memory_in_use=True)
+            )
             got = {
                 ON_POLICY: stats.masked_fraction_on_policy,
                 ON_POLICY_TIPS: stats.masked_fraction_on_policy_tips,
@@ -112,16 +114,17 @@ def test_the_paper_rule_masks_nothing_without_memory_and_off_masks_nothing(model
     samples = list(_three_modes(model).values())
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     for rule, memory_in_use in (("paper", False), ("off", True)):
-        stats = train_step(model, opt, samples, _cfg(rule, 0.0), 0, memory_in_use=memory_in_use)  # all below 0
+        # all below 0
+        stats = train_step(StepContext(model, opt, samples, _cfg(rule, 0.0), 0, memory_in_use=memory_in_use))
         assert stats.samples_masked == 0 and stats.tokens == 9, rule
-    stats = train_step(model, opt, samples, _cfg("paper", 0.0), 0, memory_in_use=True)
+    stats = train_step(StepContext(model, opt, samples, _cfg("paper", 0.0), 0, memory_in_use=True))
     assert stats.samples_masked == 3 and stats.tokens == 0 and stats.masked_fraction == 1.0
 
 
 def test_the_masked_fraction_of_a_mode_absent_from_the_batch_is_none(model):
     samples = _three_modes(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    stats = train_step(model, opt, [samples[ON_POLICY]], _cfg("paper", 0.0), 0)
+    stats = train_step(StepContext(model, opt, [samples[ON_POLICY]], _cfg("paper", 0.0), 0))
     assert stats.masked_fraction_on_policy == 1.0
     assert stats.masked_fraction_on_policy_tips is None and stats.masked_fraction_off_policy is None
     assert stats.tip_samples == 0 and stats.tip_samples_trained_fraction is None
@@ -148,7 +151,7 @@ def test_masked_samples_contribute_no_gradient(model, rule):
     cfg = dataclasses.replace(_cfg(rule, threshold), micro_batch_tokens=1)  # one sample per pass: exact sums
     for name, batch in (("with", list(samples.values())), ("without", kept)):
         m = copy.deepcopy(model)
-        stats = train_step(m, torch.optim.SGD(m.parameters(), lr=0.0), batch, cfg, 0)
+        stats = train_step(StepContext(m, torch.optim.SGD(m.parameters(), lr=0.0), batch, cfg, 0))
         assert stats.tokens == sum(len(s.response) for s in kept) and stats.samples_masked == (name == "with")
         grads[name] = {n: p.grad.clone() for n, p in m.named_parameters()}
     for name, g in grads["with"].items():
@@ -158,7 +161,7 @@ def test_masked_samples_contribute_no_gradient(model, rule):
     m = copy.deepcopy(model)
     before = {n: p.detach().clone() for n, p in m.named_parameters()}
     opt = torch.optim.AdamW(m.parameters(), lr=1.0, weight_decay=0.01)
-    stats = train_step(m, opt, [samples[dropped]], _cfg(rule, threshold), 0)
+    stats = train_step(StepContext(m, opt, [samples[dropped]], _cfg(rule, threshold), 0))
     assert stats.samples_masked == 1 and stats.tokens == 0
     for n, p in m.named_parameters():
         assert torch.equal(p.detach(), before[n]), n

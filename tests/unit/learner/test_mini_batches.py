@@ -13,10 +13,11 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+import learner.loss as loss_mod
 import learner.step as step_mod
 from learner.config import LearnerConfig
 from learner.samples import TurnSample
-from learner.step import mini_batch_plan, rank_rows, train_step
+from learner.step import StepContext, mini_batch_plan, rank_rows, train_step
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
 from tests.factories import tiny_llama
 from tests.helpers import logprobs
@@ -117,13 +118,13 @@ def test_k_mini_batches_take_k_steps_and_equal_stepping_on_each_in_turn():
 
     together = copy.deepcopy(base)
     opt = CountingAdamW(together.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    stats = train_step(together, opt, samples, cfg, version=2, seed=5)
+    stats = train_step(StepContext(together, opt, samples, cfg, version=2, seed=5))
     assert stats.optimizer_steps == 3 and opt.steps == 3
 
     one_by_one = copy.deepcopy(base)
     opt_b = CountingAdamW(one_by_one.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     single = dataclasses.replace(cfg, mini_batch_samples=0)
-    parts = [train_step(one_by_one, opt_b, [samples[i] for i in mb], single, version=2) for mb in plan]
+    parts = [train_step(StepContext(one_by_one, opt_b, [samples[i] for i in mb], single, version=2)) for mb in plan]
     assert opt_b.steps == 3 and all(p.optimizer_steps == 1 for p in parts)
 
     for (name, a), b in zip(together.state_dict().items(), one_by_one.state_dict().values()):
@@ -141,17 +142,23 @@ def test_the_clip_fraction_is_non_zero_from_the_second_mini_batch():
     samples = _samples(base)
     # one step on the whole batch: behaviour = the current policy, r = 1, nothing clipped
     whole = copy.deepcopy(base)
-    one = train_step(whole, torch.optim.AdamW(whole.parameters(), lr=0.05), samples, _cfg(mini_batch_samples=0), 0)
+    one = train_step(
+        StepContext(whole, torch.optim.AdamW(whole.parameters(), lr=0.05), samples, _cfg(mini_batch_samples=0), 0)
+    )
     assert one.optimizer_steps == 1 and one.clip_fraction == 0.0
     # in turn: the first mini-batch is unclipped, the weights then move and the second one clips
     plan = mini_batch_plan([1] * len(samples), 6, 1, seed=0, version=0)
     m = copy.deepcopy(base)
     opt = torch.optim.AdamW(m.parameters(), lr=0.05)
-    first, second = (train_step(m, opt, [samples[i] for i in mb], _cfg(mini_batch_samples=0), 0) for mb in plan)
+    first, second = (
+        train_step(StepContext(m, opt, [samples[i] for i in mb], _cfg(mini_batch_samples=0), 0)) for mb in plan
+    )
     assert first.clip_fraction == 0.0 and second.clip_fraction > 0.0
     # two mini-batches in one learner step: the clip engages
     m = copy.deepcopy(base)
-    two = train_step(m, torch.optim.AdamW(m.parameters(), lr=0.05), samples, _cfg(mini_batch_samples=6), 0, seed=0)
+    two = train_step(
+        StepContext(m, torch.optim.AdamW(m.parameters(), lr=0.05), samples, _cfg(mini_batch_samples=6), 0, seed=0)
+    )
     assert two.optimizer_steps == 2
     assert two.clip_fraction == pytest.approx(second.clip_fraction * second.tokens / two.tokens, rel=1e-5)
     assert two.clip_fraction > 0.0
@@ -162,16 +169,18 @@ def test_with_decoupled_ppo_the_proximal_policy_is_the_one_before_the_batch(monk
     samples = _samples(base)
     before = [torch.from_numpy(logprobs(base, s.update_prompt, s.response)) for s in samples]  # the pre-batch policy
     calls = []
-    real = step_mod.clipped_policy_loss
+    real = loss_mod.clipped_policy_loss
 
     def recording(logp, behaviour_logp, advantages, clip, proximal_logp=None, behaviour_weight_cap=None):
         calls.append((logp.detach().clone(), proximal_logp.clone()))
         return real(logp, behaviour_logp, advantages, clip, proximal_logp, behaviour_weight_cap)
 
-    monkeypatch.setattr(step_mod, "clipped_policy_loss", recording)
+    monkeypatch.setattr(loss_mod, "clipped_policy_loss", recording)
     cfg = _cfg(mini_batch_samples=4, ratio="decoupled")
     model = copy.deepcopy(base)
-    stats = train_step(model, torch.optim.AdamW(model.parameters(), lr=0.05), samples, cfg, version=1, seed=9)
+    stats = train_step(
+        StepContext(model, torch.optim.AdamW(model.parameters(), lr=0.05), samples, cfg, version=1, seed=9)
+    )
     plan = mini_batch_plan([1] * len(samples), 4, 1, seed=9, version=1)
     assert stats.optimizer_steps == len(plan) == len(calls) == 3  # one micro-batch per mini-batch here
     for k, (mb, (logp, proximal)) in enumerate(zip(plan, calls)):
@@ -193,10 +202,10 @@ def test_a_single_step_scores_no_proximal_pass(monkeypatch):
     real = step_mod.batch_log_softmax
     monkeypatch.setattr(step_mod, "batch_log_softmax", lambda *a: passes.append(torch.is_grad_enabled()) or real(*a))
     sgd = torch.optim.SGD(base.parameters(), lr=0.0)
-    train_step(base, sgd, samples, _cfg(ratio="decoupled"), 0)
+    train_step(StepContext(base, sgd, samples, _cfg(ratio="decoupled"), 0))
     assert passes == [True]
     passes.clear()
-    train_step(base, sgd, samples, _cfg(ratio="decoupled", mini_batch_samples=3), 0)
+    train_step(StepContext(base, sgd, samples, _cfg(ratio="decoupled", mini_batch_samples=3), 0))
     assert passes == [False, True, True]  # the pre-batch pass without grad, then one per mini-batch
 
 
@@ -207,7 +216,7 @@ def test_the_schedule_steps_once_per_batch_and_epochs_reshuffle():
     cfg = _cfg(mini_batch_samples=4, update_epochs=2, lr_schedule="linear", total_steps=4)
     opt = CountingAdamW(m.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0 - k / 4)
-    stats = train_step(m, opt, samples, cfg, version=0, scheduler=scheduler, seed=1)
+    stats = train_step(StepContext(m, opt, samples, cfg, version=0, scheduler=scheduler, seed=1))
     assert stats.optimizer_steps == opt.steps == 6  # 3 mini-batches x 2 epochs
     assert opt.lrs == [cfg.lr] * 6 and stats.lr == cfg.lr  # one lr for the whole batch
     assert scheduler.last_epoch == 1 and opt.param_groups[0]["lr"] == pytest.approx(0.75 * cfg.lr)
@@ -220,6 +229,6 @@ def test_epochs_count_each_pass_in_the_masked_fraction():
     samples = _samples(base, 6)
     m = copy.deepcopy(base)
     cfg = _cfg(mini_batch_samples=3, update_epochs=2, low_prob_threshold=0.0)  # every log-prob is below 0
-    stats = train_step(m, torch.optim.SGD(m.parameters(), lr=0.1), samples, cfg, 0, memory_in_use=True)
+    stats = train_step(StepContext(m, torch.optim.SGD(m.parameters(), lr=0.1), samples, cfg, 0, memory_in_use=True))
     assert stats.samples_masked == 12 and stats.masked_fraction == 1.0 and stats.masked_fraction_on_policy == 1.0
     assert stats.optimizer_steps == 0 and stats.tokens == 0  # nothing kept: no step

@@ -14,7 +14,7 @@ from transformers import LlamaForCausalLM
 from learner.config import LearnerConfig
 from learner.policy_model import response_logprobs
 from learner.samples import TurnSample
-from learner.step import micro_batches, train_step
+from learner.step import StepContext, micro_batches, train_step
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
 from tests.factories import tiny_llama
 
@@ -97,7 +97,7 @@ def test_batched_step_equals_one_sample_at_a_time(ratio, rule):
             max_grad_norm=1e9,
         )
         optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-        stats = train_step(model, optimizer, samples, cfg, version=1, ref_model=ref)
+        stats = train_step(StepContext(model, optimizer, samples, cfg, version=1, ref_model=ref))
         results[budget] = (stats, {n: p.grad.clone() for n, p in model.named_parameters()}, model.state_dict())
     one, _, _ = results[1]
     # tip_rollouts judges the 6 tip samples; the paper's rule judges all 9

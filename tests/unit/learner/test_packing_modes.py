@@ -18,7 +18,7 @@ from learner.advantages import CountBonus
 from learner.config import LearnerConfig
 from learner.policy_model import response_logprobs
 from learner.samples import build_samples
-from learner.step import score_before_update, segments, train_step
+from learner.step import StepContext, score_before_update, segments, train_step
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
 from tests.factories import Turn, tiny_llama, trajectory
 
@@ -138,7 +138,9 @@ def test_every_packing_takes_the_same_step_and_forwards_fewer_tokens(model, samp
             entropy_coef=0.01,
             max_grad_norm=1e9,
         )
-        stats = train_step(policy, torch.optim.SGD(policy.parameters(), lr=1.0), built, cfg, version=0, ref_model=ref)
+        stats = train_step(
+            StepContext(policy, torch.optim.SGD(policy.parameters(), lr=1.0), built, cfg, version=0, ref_model=ref)
+        )
         results[packing] = (stats, policy.state_dict())
     turn, turn_weights = results["turn"]
     assert turn.tokens > 0 and turn.kl_mean > 0 and 0 < turn.samples_masked < 25

@@ -19,9 +19,9 @@ from transformers import LlamaForCausalLM
 
 from common.config import ConfigError
 from learner.config import LearnerConfig
-from learner.loss import rollout_correction
+from learner.loss import rollout_correction, rollout_totals
 from learner.samples import TurnSample
-from learner.step import rollout_totals, train_step
+from learner.step import StepContext, train_step
 from protocol.messages import ON_POLICY
 from tests.factories import tiny_llama
 from tests.helpers import logprobs
@@ -141,7 +141,7 @@ def _step(model, samples, mode, lr=0.0, mini_batch_samples=0):
     )
     state = {n: p.detach().clone() for n, p in model.named_parameters()}
     try:
-        return train_step(model, torch.optim.SGD(model.parameters(), lr=lr), samples, cfg, 0, seed=0)
+        return train_step(StepContext(model, torch.optim.SGD(model.parameters(), lr=lr), samples, cfg, 0, seed=0))
     finally:
         with torch.no_grad():
             for n, p in model.named_parameters():
@@ -212,7 +212,7 @@ def test_under_decoupled_ppo_the_correction_takes_the_place_of_its_weight(model,
     samples = _samples(model, perturbed=True)
     cfg = LearnerConfig(rollout_correction=mode, ratio="decoupled", low_prob_mask="off", max_grad_norm=1e9)
     cfg.validate()
-    stats = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), samples, cfg, 0)
+    stats = train_step(StepContext(model, torch.optim.SGD(model.parameters(), lr=0.0), samples, cfg, 0))
     assert stats.loss == pytest.approx(_expected(mode), abs=1e-4)
     assert stats.behaviour_weight_mean == 1.0 and stats.behaviour_weight_capped_fraction == 0.0
 

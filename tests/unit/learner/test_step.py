@@ -15,7 +15,16 @@ from common.metrics import LearnerMetrics
 from learner import distributed
 from learner.config import LearnerConfig
 from learner.samples import TurnSample
-from learner.step import PHASES, PhaseTimer, PreScores, StepStats, StepTotals, micro_batch_loss, train_step
+from learner.step import (
+    PHASES,
+    PhaseTimer,
+    PreScores,
+    StepContext,
+    StepStats,
+    StepTotals,
+    micro_batch_loss,
+    train_step,
+)
 from learner.train import step_record
 from learner.weight_push import PushTiming
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
@@ -183,7 +192,9 @@ def test_micro_batch_loss_masks_on_the_prescored_tipfree_minimum(model):
 def test_train_step_times_its_phases(model):
     timer = PhaseTimer()
     samples = [_sample(1.0), _sample(-1.0, ON_POLICY_TIPS, True)]
-    train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), samples, LearnerConfig(), 0, timer=timer)
+    train_step(
+        StepContext(model, torch.optim.SGD(model.parameters(), lr=0.0), samples, LearnerConfig(), 0, timer=timer)
+    )
     assert list(timer.seconds) == ["score", "forward_backward", "optimizer"]  # in the order they ran
     assert all(s >= 0 for s in timer.seconds.values())
 
@@ -203,7 +214,7 @@ def test_train_step_on_cpu_gives_the_heap_back_between_each_forward_and_its_back
     monkeypatch.setattr(step_mod, "micro_batch_loss", forward)
     monkeypatch.setattr(step_mod, "release_free_heap", lambda: events.append("trim"))
     cfg = LearnerConfig(micro_batch_tokens=1)  # each sample its own micro-batch
-    train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), [_sample(1.0), _sample(-1.0)], cfg, 0)
+    train_step(StepContext(model, torch.optim.SGD(model.parameters(), lr=0.0), [_sample(1.0), _sample(-1.0)], cfg, 0))
     assert events == ["forward", "trim", "backward"] * 2
 
 
@@ -224,7 +235,9 @@ def test_step_record_carries_the_phases_and_the_metrics_export_them(model):
     timer = PhaseTimer()
     with timer.phase("batch_wait"):
         trajectories = mixed_group(0)
-    stats = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), [_sample()], LearnerConfig(), 0, timer=timer)
+    stats = train_step(
+        StepContext(model, torch.optim.SGD(model.parameters(), lr=0.0), [_sample()], LearnerConfig(), 0, timer=timer)
+    )
     with timer.phase("push"):
         push = PushTiming(seconds=0.25, engine_seconds=0.125)
     record = step_record(1, trajectories, stats, timer.seconds, step_s=1.5, push=push)
@@ -256,7 +269,7 @@ def test_step_record_scores_per_mode_and_sums_the_actors_phases(model):
     for t in trajectories:
         t.phase_seconds = {"generation": 1.0, "env_step": 0.5}
     trajectories[3].success = True  # done and 75 > 70
-    stats = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), [_sample()], LearnerConfig(), 0)
+    stats = train_step(StepContext(model, torch.optim.SGD(model.parameters(), lr=0.0), [_sample()], LearnerConfig(), 0))
     record = step_record(1, trajectories, stats, {}, step_s=1.0, push=PushTiming(seconds=0.0, engine_seconds=0.0))
     assert record["record"] == "step"
     assert record["episodes_by_mode"] == {ON_POLICY: 2, ON_POLICY_TIPS: 1, OFF_POLICY: 1}
