@@ -223,10 +223,9 @@ class PipelineModeConfig:
     mode: PipelineMode = PipelineMode["async"]
     # The CPU niceness (0-19) of the rollout side (policy servers, env actors, memory service: the
     # roles with Role.rollout) where it shares cores with the learner. 0: a fair share each. Above 0
-    # the learner takes the cores first and the rollouts fill its idle time: on 2 cores, async, at
-    # 10 as many learner steps per hour or more, 10-18% fewer CPU seconds per step, the trained
-    # turns' staleness 2.2 -> 0.8 versions (benchmarks/README.md#async-vs-sync; the CPU profile's
-    # setting). No effect on stages that do not overlap (sync mode).
+    # the learner takes the cores first and the rollouts fill its idle time: as many learner steps per
+    # hour or more, fewer CPU seconds per step, fresher trained turns (benchmarks/async_vs_sync.py; the
+    # CPU profile sets 10). No effect on stages that do not overlap (sync mode).
     rollout_nice: int = 0
 
     def validate(self) -> None:

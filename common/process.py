@@ -37,9 +37,9 @@ ROLE_ENV = {
 }
 # ... and, unless the operator's environment says otherwise, OpenMP threads that sleep at a barrier
 # instead of spinning (libgomp spins first by default): the learner, vLLM's CPU workers and the
-# memory service's embedder share the cores, and spinning threads took them from one another. On 2
-# cores a learner step beside a busy policy server took 4.6x its time alone and generation ran 14.5x
-# slower; passive, 2.0x and 1.9x: each a fair half (benchmarks/colocation.py, benchmarks/README.md).
+# memory service's embedder share the cores, and spinning threads took them from one another: a learner
+# step beside a busy policy server and the generation beside it each ran several times slower than
+# alone; passive, each gets a fair half (benchmarks/colocation.py).
 ROLE_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 

@@ -102,8 +102,7 @@ class LearnerConfig:
     mini_batch_samples: int = 128
     update_epochs: int = 1  # passes over each batch, reshuffled per pass (the reference: 1)
     # padded tokens per forward pass: rows sorted by length, batched up to this; 1 = one at a time. The
-    # embedded model's learner peaks at 7.5-9.4 GB for a 4096 micro-batch of the longest (tip) turns, 4.3-5 GB
-    # at 1024 (benchmarks/README.md#learner-throughput): lower it where the memory is short
+    # learner's peak memory follows it (benchmarks/learner_throughput.py): lower it where memory is short
     micro_batch_tokens: int = 4096
     packing: Packing = Packing.group  # group | episode | turn: how turns are laid out in the forwards
     # r of LoRA adapters (peft) on lora_targets; 0 = full fine-tuning. Only adapters train and are pushed

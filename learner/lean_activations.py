@@ -1,14 +1,13 @@
 """The same forward, fewer tensors kept for the backward: a gated MLP and an RMSNorm whose autograd
 functions save what their gradients need and recompute the cheap rest.
 
-Why: on CPU the learner's peak memory is its activations, ~1.3 MB per token forwarded for the
-embedded model in fp32, 60% of it in the MLPs and 21% in the norms (benchmarks/README.md, learner
-throughput), and that memory is what keeps `micro_batch_tokens` (and with it group packing's shared
+Why: on CPU the learner's peak memory is its activations, most of them in the MLPs and the norms
+(benchmarks/learner_throughput.py), and that memory is what keeps `micro_batch_tokens` (and with it group packing's shared
 prefix) small on the CPU profile. Per token and layer, autograd keeps for `down(silu(g) * up)`
 the input x, g, silu(g), u and their product (4 x intermediate); `lean_mlp` keeps x, g and u and
 recomputes silu(g) * u in the backward (an elementwise pass, no matmul again). An RMSNorm keeps its
 input and the normalized input (2 x hidden); `lean_rms_norm` keeps the input and one scalar.
-Together ~40% less activation memory, at the cost of the elementwise recompute. Unlike activation
+Together less activation memory, at the cost of the elementwise recompute. Unlike activation
 checkpointing (learner.gradient_checkpointing) no matmul runs twice.
 
 Exactness: the MLP's backward is autograd's own sequence of operations on the same values, so its

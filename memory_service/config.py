@@ -45,8 +45,8 @@ class MemoryServiceConfig:
     similarity_threshold: float = 0.5  # cosine similarity a memory must exceed to be retrieved
     top_k: int = 10  # memories returned per query, highest episode score first
     capacity: int = 1000  # FIFO cap per memory
-    # MemoryQueries waiting together are embedded in one call, at most this many (1: one by one). At 64
-    # actors one embedding per query answered 4-13 queries/s (benchmarks/README.md, load)
+    # MemoryQueries waiting together are embedded in one call, at most this many (1: one by one, which
+    # falls far behind many actors: benchmarks/load.py, benchmarks/memory_load.py)
     query_batch: int = 64
     # Recent state texts whose embedding is kept (memory_service/embedder.py; 0 = none): a repeated
     # state is answered without the forward that is 98% of a query's time. 4096 vectors of 384

@@ -12,8 +12,8 @@ by ~1e-7 through padding).
 
 The forward itself is made cheaper two ways (memory_service.embedding_max_tokens, embedding_dtype):
 a state's first 128 word pieces (MiniLM's training length; the longest observations run to ~460) and,
-on CPUs with native bf16 instructions, bfloat16 matmuls under autocast (a vector's cosine to float32's
-≥ 0.9999; benchmarks/README.md, memory-load).
+on CPUs with native bf16 instructions, bfloat16 matmuls under autocast (vectors within rounding of
+float32's: tests/unit/memory_service; the cost, benchmarks/memory_load.py).
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ class MemoryService:
             uses_bf16(self.mcfg.embedding_dtype),
         )
         # One BLAS thread for the vector search: with two, OpenBLAS's spinning threads fight torch's
-        # embedding threads for the cores (benchmarks/README.md: query p50 43.9 -> 16.4 ms at 10k).
+        # embedding threads for the cores (benchmarks/memory_retrieval.py: queries slower with two).
         threadpool_limits(limits=1, user_api="blas")
         # (pending id in the store, report): what the reflection worker takes; the store holds the same
         self.reports: queue.Queue[tuple[int, EpisodeReport]] = queue.Queue()

@@ -20,8 +20,8 @@ class Executor(Choice):
     """Where vLLM's model worker runs (its distributed_executor_backend)."""
 
     # uni on CPU with one device: the worker in the engine core's process, one process fewer to start
-    # (a server alone: ready in 0.8x mp's time, the same throughput and greedy tokens;
-    # benchmarks/README.md#policy-server-start-up); vLLM's own choice elsewhere
+    # (sooner ready, the same throughput and greedy tokens: benchmarks/server_startup.py); vLLM's own
+    # choice elsewhere
     auto = "auto"
     uni = "uni"  # the worker in the engine core's process (one device only)
     mp = "mp"  # a worker process per device (vLLM's CPU default)
@@ -41,8 +41,8 @@ class PolicyServerConfig:
     gpu_memory_utilization: float = 0.3  # GPU: the share of device memory vLLM may use
     # CPU: vLLM's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND): "nobind" = one per core, unpinned; a core
     # list ("0", "0-1") pins one thread per listed core. "0" on a 2-core host leaves a core to the env
-    # actors and the learner (benchmarks/README.md: same env steps/s at 4 actors, 0.7 of the CPU; slower
-    # with 1 actor)
+    # actors and the learner (benchmarks/env_throughput.py: as many env steps with several actors, for
+    # less CPU; fewer with one)
     cpu_omp_threads_bind: str = "nobind"
     # CPU: host memory for the KV cache (1 GiB = ~23k tokens of the 135M model); vLLM's own CPU default
     # takes a share of all RAM per engine (OOM with two)

@@ -26,9 +26,8 @@ def cap_shm_busy_loop() -> None:
     Going idle sooner means relying on the writer's zmq notification, and that can be missed: the
     writer's PUB socket keeps one message (SNDHWM 1) and the reader's SUB socket keeps the last
     (CONFLATE), so a stale notification consumed after a spin read leaves the next write unsignalled
-    and the reader sleeps vLLM's whole recheck interval (SHM_READER_RECHECK_INTERVAL_MS, 5 s):
-    measured as 2 of 88 generations taking exactly 5.00 s longer (benchmarks/README.md, prompt
-    cost). So an idle wait is also capped, at IDLE_RECHECK_MS: a missed notification then costs
+    and the reader sleeps vLLM's whole recheck interval (SHM_READER_RECHECK_INTERVAL_MS, 5 s), as
+    generations taking exactly 5 s longer showed (benchmarks/prompt_cost.py). So an idle wait is also capped, at IDLE_RECHECK_MS: a missed notification then costs
     at most that, and the extra wake-ups (a poll and a flag check) cost nothing measurable.
     """
     cap = os.environ.get("EMPO2_VLLM_BUSY_LOOP_S")
