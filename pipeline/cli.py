@@ -106,10 +106,9 @@ def run(command: str, argv: list[str] | None = None) -> int | None:
     the run's facts, a driver's with the whole configuration."""
     argv = list(sys.argv[1:] if argv is None else argv)
     role = ROLES[command]
-    if command == "empo2-run" and argv[:1] == ["--attach"]:  # scale a running pipeline: no run config
-        from deploy.launch import attach_main
-
-        return attach_main(argv[1:])
+    flagged = dict(role.flags).get(argv[0]) if argv else None
+    if flagged:  # e.g. empo2-run --attach: no run configuration of its own
+        return getattr(importlib.import_module(role.module), flagged)(argv[1:])
     stage = argv[:1] if role.stages and argv[:1] and argv[0] in role.stages else []
     argv = argv[len(stage) :]
     cfg = role_config(command, argv)  # a bad value is refused first, stage or not

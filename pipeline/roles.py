@@ -31,6 +31,9 @@ class Role:
     console_script: bool = True  # an empo2-* script (pyproject [project.scripts]); else only `python -m pipeline`
     stages: tuple[str, ...] = ()  # a driver whose first argument names what it does (empo2-spa collect ...)
     rollout: bool = False  # on the rollout side: runs at pipeline.rollout_nice (common/process.py lower_cpu_priority)
+    # a first argument that runs another function of `module` on the rest, without a run configuration
+    # (empo2-run --attach RUN_DIR ...: it talks to a running launcher, whose configuration is its own)
+    flags: tuple[tuple[str, str], ...] = ()
 
     @property
     def driver(self) -> bool:
@@ -81,7 +84,7 @@ _ROLES = (
         learner_token=True,
     ),
     # the drivers: given the whole configuration
-    Role("empo2-run", "deploy.launch", sections=()),
+    Role("empo2-run", "deploy.launch", sections=(), flags=(("--attach", "attach_main"),)),
     Role("empo2-eval", "evaluation.eval", sections=(), curve_client="evaluation"),
     Role("empo2-memory-tta", "evaluation.tta", sections=(), curve_client="evaluation"),
     Role("empo2-spa", "spa.main", sections=(), curve_client="evaluation", stages=("collect", "sft", "all")),

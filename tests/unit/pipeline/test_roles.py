@@ -140,3 +140,12 @@ def test_the_launcher_starts_a_learner_of_several_ranks_under_torchrun():
         "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m", "pipeline", "empo2-learner"
     ]  # fmt: skip
     assert four._replace(argv=one.argv) == one  # the same role otherwise: name, metrics, token, heartbeat
+
+
+def test_a_flag_of_the_role_table_runs_its_function_without_a_run_configuration(tmp_path, capsys):
+    """empo2-run --attach (ROLES' flags): deploy.launch.attach_main on the rest, no configuration loaded
+    for the command itself; here it refuses a directory that is not a running launcher's (exit 2)."""
+    import pipeline.cli
+
+    assert dict(ROLES["empo2-run"].flags) == {"--attach": "attach_main"}
+    assert pipeline.cli.run("empo2-run", ["--attach", str(tmp_path / "nothing"), "launch.num_env_actors=2"]) == 2
