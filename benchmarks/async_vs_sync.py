@@ -11,12 +11,12 @@ the first learner step to the last (the start-up, the same in both modes, is lef
   actor_idle_fraction      1 - (actor-seconds spent in episodes) / (window x envs): the time the
                            env actors had no episode to play (told to wait, or waiting to be told)
   staleness_max            the largest staleness of any trained turn (0 in sync mode by design)
-  cpu_busy_fraction, cpu_seconds_per_learner_step   the machine's cores (deploy/lockstep.py cpu_use)
+  cpu_busy_fraction, cpu_seconds_per_learner_step   the machine's cores (testing/lockstep.py cpu_use)
 and the ratio async / sync of learner steps per hour, with what the cores allow it (overlap_bounds):
 1 / sync's busy fraction, and async's CPU seconds per step over sync's. The result goes to
 benchmarks/results/async_vs_sync.json.
 
-The lockstep audit (deploy/lockstep.py): while a mode runs, the policy server's metrics are polled
+The lockstep audit (testing/lockstep.py): while a mode runs, the policy server's metrics are polled
 every POLL_S (its generated-token counter and its requests in flight), and each learner step's busy
 interval (its end in the metrics log, minus the seconds of its phases after the batch arrived) is
 checked against them: generated tokens and polls with a request in flight strictly inside a busy
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from benchmarks.record import REPO, run_header, write_result
-from deploy.lockstep import cpu_use, lockstep_audit, polled_run, step_records
+from testing.lockstep import cpu_use, lockstep_audit, polled_run, step_records
 
 # the CPU profile with two groups in flight, so the async mode can play ahead of the learner (the
 # profile's 1 and 1 would make both modes lockstep); ports away from the defaults and the tests'

@@ -13,7 +13,7 @@ metrics and RSS each second. The audit, each item a list of what broke it (empty
 
   - the run ends `done` at its step target (--steps), every server at the final version
   - every episode an env actor saw acknowledged is in the buffer's log exactly once; no group is
-    recorded as used twice; no record of the log is skipped as corrupt (deploy/harness.episode_audit)
+    recorded as used twice; no record of the log is skipped as corrupt (testing/harness.episode_audit)
   - a policy server's version never goes backwards once it has served: over the samples where its
     generated tokens grew, across its restarts
   - the memory entries counted as stored before a memory service kill are there after its restart
@@ -63,10 +63,10 @@ from common.metrics import (
     REPLAY_BUFFER_OPEN_SLOTS,
     REPLAY_BUFFER_TRAJECTORIES_ACCEPTED,
 )
-from deploy.harness import LaunchedRun, episode_audit, leftover_processes
 from deploy.monitor import scrape, total
 from deploy.run_state import read_state
 from pipeline.config import load_config
+from testing.harness import LaunchedRun, episode_audit, leftover_processes
 
 RESULTS = REPO / "benchmarks" / "results"
 BASE = 2100  # metrics.base_port: servers 2100-01, buffer 2200, memory 2201, launcher 2202, learner 2300, ...

@@ -2,7 +2,7 @@
 every few hundred, crashes, unanswered inputs and memory (RSS) reported per socket.
 
 Each socket gets --inputs inputs (default 10,000), drawn with a fixed seed from the families of
-protocol/fuzz.py (random frames, random msgpack, mutated valid messages of the socket, valid
+testing/fuzz.py (random frames, random msgpack, mutated valid messages of the socket, valid
 messages of another socket); after every --check-every inputs (not counted as input) a Ping and a
 real request of the socket (AssignmentRequest, MemoryQuery, a greedy GenerateRequest) must be
 answered correctly.
@@ -12,7 +12,7 @@ Servers: `python -m pipeline empo2-replay-buffer` (ScienceWorld for its variatio
 reflection) and `python -m pipeline empo2-policy-server` (a vLLM engine on the embedded model; the
 inputs include weight chunks and weight files, which must be refused without touching the
 weights), each started on its own in a temporary run directory and always stopped
-(deploy/fuzz.py; the inputs: protocol/fuzz.py).
+(testing/fuzz_server.py; the inputs: testing/fuzz.py).
 
 Run: `flock /tmp/empo2-heavy.lock .venv/bin/python -m benchmarks.fuzz [--inputs 10000] [--sockets replay_buffer memory_service]`
 """
@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.record import REPO, run_header, write_result
-from deploy.fuzz import SOCKETS, fuzz_server
+from testing.fuzz_server import SOCKETS, fuzz_server
 
 
 def main(argv: list[str] | None = None) -> int:

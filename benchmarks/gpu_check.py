@@ -102,35 +102,28 @@ def build_model(config_dir: Path, out: Path, tiny: bool, seed: int = 0) -> dict:
 
 
 def group(step: int, vocab: int) -> list:
-    """One GRPO group shaped as the tests' mixed groups (tests/factories.py), each turn its own chain
+    """One GRPO group shaped as the tests' mixed groups (testing/factories.py), each turn its own chain
     (4 episodes of 2 turns: on-policy, on-policy with tips, off-policy, on-policy; tips at prompt
     tokens 1..3; scores 0/25/50/75; versions = step), with prompts of 100-300 and responses of 8-24
     tokens over the model's vocabulary, and behaviour log-probs near a random-init model's (about
     -log V), so that ratios fall on both sides of the clip."""
-    from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory, TurnRecord
+    from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
+    from testing.factories import Turn, trajectory
 
     rng = np.random.default_rng(1000 + step)
     centre = -math.log(vocab)
     out = []
     for slot, mode in enumerate((ON_POLICY, ON_POLICY_TIPS, OFF_POLICY, ON_POLICY)):
-        turns = []
-        for memories, observation, action in [(1, "a room", "look"), (3, f"room {slot}", "go")]:
+        turns, memories, observations = [], [1, 3], ["a room", f"room {slot}"]
+        for _ in observations:
             response = rng.integers(3, vocab, rng.integers(8, 25))
-            turns.append(
-                TurnRecord(
-                    prompt_ids=rng.integers(3, vocab, rng.integers(100, 301)),
-                    response_ids=response,
-                    logprobs=centre + rng.uniform(-0.6, 0.4, len(response)),
-                    observation=observation,
-                    action=action,
-                    policy_version=step,
-                    tip_spans=[(1, 3)] if mode != ON_POLICY else [],
-                    num_memories=memories,
-                )
-            )
-        episode = dict(episode_id=f"{step}-{slot}", group_id=f"g{step}", slot=slot, actor_id="actor-0", task="t")
-        traj = Trajectory.from_turns(turns, **episode, variation=0, mode=mode, score=25.0 * slot, done=True)
-        traj.validate()
+            prompt = rng.integers(3, vocab, rng.integers(100, 301))
+            logprobs = centre + rng.uniform(-0.6, 0.4, len(response))
+            turns.append(Turn(prompt, response, logprobs, [(1, 3)] if mode != ON_POLICY else []))
+        traj = trajectory(
+            turns, mode=mode, score=25.0 * slot, group_id=f"g{step}", slot=slot, episode_id=f"{step}-{slot}",
+            task="t", versions=[step] * 2, num_memories=memories, observations=observations, actions=["look", "go"],
+        )  # fmt: skip
         out.append(traj)
     return out
 

@@ -48,7 +48,6 @@ from benchmarks.gold_lengths import gold_lengths, horizon_shortfall
 from benchmarks.record import REPO, run_header, write_result
 from common.model_prep import EMBEDDED_MODEL, resolve_model
 from common.scienceworld import ScienceWorld, task_names
-from deploy.lockstep import step_records
 from evaluation.config import EvalConfig
 from evaluation.eval import EPISODES_FILE, EpisodeLog, PolicyChoice, policy_step, summarize, write_results
 from evaluation.stats import (
@@ -67,6 +66,7 @@ from pipeline.config import load_config
 from protocol.messages import TIP_MODES
 from replay_buffer.buffer import BufferLog
 from spa.sft import REPORT as SFT_REPORT
+from testing.lockstep import step_records
 
 RESULTS = REPO / "benchmarks" / "results"
 # this benchmark's policy server and metrics ports, away from the defaults and the tests' (a pipeline may be running)

@@ -52,11 +52,12 @@ from protocol.messages import (
     MemoryQuery,
     MemoryResult,
     Trajectory,
-    TurnRecord,
     Wait,
 )
 from protocol.transport import wait_until_ready
 from replay_buffer.buffer import BufferLog
+from testing.factories import random_turns
+from testing.factories import trajectory as synthetic_trajectory
 
 BUFFER, MEMORY, NO_POLICY = "tcp://127.0.0.1:23560", "tcp://127.0.0.1:23570", "tcp://127.0.0.1:23550"
 METRICS_BASE = 7000  # buffer 7100, memory service 7101 (below 32768: out of the ephemeral ports)
@@ -82,18 +83,8 @@ def overrides(run_dir: Path, durability: str) -> list[str]:
 
 
 def trajectory(a: Assignment, actor: str, turns: int, prompt: int, response: int, rng) -> Trajectory:
-    records = [
-        TurnRecord(
-            prompt_ids=rng.integers(0, 49152, prompt, dtype=np.int32),
-            response_ids=rng.integers(0, 49152, response, dtype=np.int32),
-            logprobs=-rng.random(response, dtype=np.float32),
-            observation=STATES[i % len(STATES)],
-            action="look around",
-        )
-        for i in range(turns)
-    ]
-    return Trajectory.from_turns(
-        records,
+    return synthetic_trajectory(
+        random_turns(rng, [prompt] * turns, [response] * turns),
         episode_id=f"{actor}-{a.group_id[:8]}-{a.slot}-{rng.integers(1 << 62)}",
         group_id=a.group_id,
         slot=a.slot,
@@ -103,6 +94,7 @@ def trajectory(a: Assignment, actor: str, turns: int, prompt: int, response: int
         mode=a.mode,
         score=float(rng.integers(0, 100)),
         done=False,
+        observations=[STATES[i % len(STATES)] for i in range(turns)],
     )
 
 

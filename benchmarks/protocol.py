@@ -25,7 +25,9 @@ import zmq
 
 from benchmarks.record import run_header, write_result
 from protocol.codec import decode, encode
-from protocol.messages import GenerateRequest, MemoryQuery, Ping, Trajectory, TurnRecord
+from protocol.messages import GenerateRequest, MemoryQuery, Ping
+from testing.factories import random_turns
+from testing.factories import trajectory as synthetic_trajectory
 
 WINDOW = 64  # messages in flight: sent, then received, per batch
 
@@ -35,27 +37,17 @@ def payloads() -> dict[str, object]:
     turns = 30
     prompt_lens = rng.integers(600, 900, turns)
     response_lens = rng.integers(4, 32, turns)
-    records = [
-        TurnRecord(
-            prompt_ids=rng.integers(0, 49152, prompt_lens[i], dtype=np.int32),
-            response_ids=rng.integers(0, 49152, response_lens[i], dtype=np.int32),
-            logprobs=-rng.random(response_lens[i], dtype=np.float32),
-            observation="This room is called the kitchen. In it, you see: a fridge, a counter." * 4,
-            action="open fridge",
-        )
-        for i in range(turns)
-    ]
-    trajectory = Trajectory.from_turns(
-        records,
+    trajectory = synthetic_trajectory(
+        random_turns(rng, prompt_lens, response_lens),
         episode_id="e" * 32,
         group_id="g" * 32,
         slot=3,
         actor_id="env_actor-0",
-        task="find-living-thing",
         variation=7,
-        mode="on_policy",
         score=25.0,
         done=False,
+        observations=["This room is called the kitchen. In it, you see: a fridge, a counter." * 4] * turns,
+        actions=["open fridge"] * turns,
     )
     return {
         "generate_request_800": GenerateRequest("req-1", rng.integers(0, 49152, 800, dtype=np.int32), 32, 1.0, 7),

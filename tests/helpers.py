@@ -1,4 +1,4 @@
-"""What the tests share besides their inputs (tests/factories.py): the repository root, free
+"""What the tests share besides their inputs (testing/factories.py): the repository root, free
 loopback ports, a stub ZeroMQ server, waiting for a condition, the learner's log-probs of a response, a raw CURVE probe,
 and the mark that every process a test run starts carries, so that the run can stop them all
 (tests/conftest.py)."""
@@ -158,11 +158,11 @@ class StubServer:
 
 
 def run_to_its_end(overrides: list[str], run_dir: Path, timeout_s: float):
-    """An `empo2-run` (deploy/harness.py's LaunchedRun) to its step target, always stopped after; asserts it
+    """An `empo2-run` (testing/harness.py's LaunchedRun) to its step target, always stopped after; asserts it
     ended `done` with every server at learner.total_steps. (the run, its summary.json)."""
     import json
 
-    from deploy.harness import LaunchedRun
+    from testing.harness import LaunchedRun
 
     run = LaunchedRun(overrides, run_dir, timeout_s, cwd=REPO)
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.harness import LaunchedRun
+from testing.harness import LaunchedRun
 from tests.helpers import REPO, TEST_RUN_ENV
 
 STOPPED_RUN_READY_ENV = "EMPO2_STOPPED_RUN_READY"

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import pytest
 
-from deploy.harness import LaunchedRun, episode_audit, leftover_processes
 from deploy.monitor import scrape
 from deploy.run_state import kill_role, read_state, wait_for_role
 from learner.checkpoint import list_checkpoints
+from testing.harness import LaunchedRun, episode_audit, leftover_processes
 from tests.helpers import REPO
 
 # long: ~18 min on 2 cores, run by `make test-long`; `make test` keeps its short variants: the env actor

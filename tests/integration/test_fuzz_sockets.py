@@ -1,5 +1,5 @@
-"""benchmarks/fuzz.py's short variant (issue 14): a few hundred hostile inputs (protocol/fuzz.py)
-against the real replay buffer and memory service processes, each started alone (deploy/fuzz.py):
+"""benchmarks/fuzz.py's short variant (issue 14): a few hundred hostile inputs (testing/fuzz.py)
+against the real replay buffer and memory service processes, each started alone (testing/fuzz_server.py):
 every input answered, no crash, the valid request after every 100 inputs still served, and the log
 stays small (refusals are logged bounded and rate-limited)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from deploy.fuzz import fuzz_server
+from testing.fuzz_server import fuzz_server
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from common.process import stop_group
-from tests.factories import mixed_group, save_tiny_model
+from testing.factories import mixed_group, save_tiny_model
 from tests.helpers import REPO, free_port
 
 pytestmark = pytest.mark.integration

@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from deploy.harness import LaunchedRun, episode_audit
 from deploy.monitor import scrape, total
 from deploy.run_state import kill_role, read_state
+from testing.harness import LaunchedRun, episode_audit
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.e2e

@@ -20,7 +20,7 @@ the rules of deploy/monitoring/rules.yml.
     key gets nothing through (each server counts the refused handshakes), and an accepted key of
     the wrong role is refused (wrong_role): an env actor's key takes no batch, the evaluation key
     pushes no weights
-  - 200 hostile inputs (protocol/fuzz.py) to the live policy server, through CURVE: every one
+  - 200 hostile inputs (testing/fuzz.py) to the live policy server, through CURVE: every one
     answered, generation still served, the server not restarted
   - once the learner has pushed a newer version, the same greedy probe answers differently
   - every dashboard panel reads only metrics the live scrape exports, and every exported family
@@ -55,7 +55,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common.model_prep import resolve_model
 from common.process import status_mb, stop_group
-from deploy.harness import LaunchedRun
 from deploy.launch import STOPPING
 from deploy.monitor import scrape, total
 from deploy.monitoring.make_dashboard import PANELS, panel_metric_names, uncovered
@@ -63,11 +62,12 @@ from deploy.prometheus import RULES, start_prometheus, wait_ready
 from deploy.run_state import kill_role, read_state, wait_for_role
 from deploy.status import main as status_main
 from protocol import Client
-from protocol.fuzz import fuzz_endpoint
 from protocol.messages import BatchRequest, GenerateRequest, GenerateResponse, WeightFile
 from protocol.security import Curve, generate_keys, use_curve
 from protocol.transport import RemoteError, wait_until_ready
 from replay_buffer.buffer import BufferLog, ReplayBuffer
+from testing.fuzz import fuzz_endpoint
+from testing.harness import LaunchedRun
 from tests.helpers import REPO, ping_answered
 
 pytestmark = pytest.mark.e2e

@@ -19,8 +19,8 @@ import signal
 
 import pytest
 
-from deploy.harness import LaunchedRun
 from deploy.run_state import kill_role, read_state, wait_for_role
+from testing.harness import LaunchedRun
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.e2e

@@ -2,7 +2,7 @@
 process (vLLM policy server, ScienceWorld env actors, replay buffer, memory service, learner) on
 the e2e profile's short episodes, without memory (p = 0: no reflection runs on the policy server),
 for 2 learner steps, while this test polls the policy server's generation metrics exactly as
-benchmarks/async_vs_sync.py does (deploy/lockstep.py: polled_run and lockstep_audit):
+benchmarks/async_vs_sync.py does (testing/lockstep.py: polled_run and lockstep_audit):
 
   - every trained turn has staleness 0 (the learner's metrics log, one record per step)
   - no token is generated, and no request is in flight, while the learner steps (its busy
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from deploy.lockstep import lockstep_audit, polled_run, step_records
+from testing.lockstep import lockstep_audit, polled_run, step_records
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.e2e

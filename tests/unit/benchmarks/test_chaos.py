@@ -1,5 +1,5 @@
 """benchmarks/chaos.py without processes: the seeded schedule, and the audit's checks on hand-made samples;
-deploy/harness.episode_audit on a hand-written buffer log and actor logs."""
+testing/harness.episode_audit on a hand-written buffer log and actor logs."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks import chaos
-from deploy.harness import episode_audit
 from protocol.codec import encode
 from replay_buffer.buffer import BufferLog
 from replay_buffer.config import Durability
-from tests.factories import make_traj
+from testing.factories import make_traj
+from testing.harness import episode_audit
 
 
 def _row(t: float, **roles) -> dict:
@@ -153,7 +153,7 @@ def test_the_leftover_scan_sees_only_the_marked_runs_processes(monkeypatch):
     import subprocess
     import sys
 
-    from deploy import harness
+    from testing import harness
 
     monkeypatch.setattr(harness, "LEFTOVER_NAMES", harness.re.compile(r"python", harness.re.I))
     marked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],

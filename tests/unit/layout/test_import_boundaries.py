@@ -1,7 +1,8 @@
 """The architecture as imports: roles meet only through protocol/ (the wire) and common/ (process
 helpers and the shared config sections); no role imports pipeline/, which composes the configuration
 and hands each role its sections and the run's facts; evaluation/ and deploy/ drive the roles
-through their public entry points; common/ imports no role and protocol/ imports nothing of ours."""
+through their public entry points; common/ imports no role and protocol/ imports nothing of ours;
+testing/ (what tests and benchmarks share) is imported by no package of the project."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 ROLES = ("actors", "learner", "memory_service", "replay_buffer")
-OURS = (*ROLES, "common", "deploy", "evaluation", "pipeline", "protocol", "spa")
+PRODUCT = (*ROLES, "common", "deploy", "evaluation", "pipeline", "protocol", "spa")
+OURS = (*PRODUCT, "testing")
 ALLOWED = {
     **{role: {role, "protocol", "common"} for role in ROLES},
     "protocol": {"protocol"},
@@ -23,18 +25,19 @@ ALLOWED = {
         "common",
         "protocol",
         *(f"{role}.config" for role in ROLES),
-        "deploy",  # the launcher's --attach
         "deploy.config",
         "evaluation.config",
         "spa.config",
     },
-    "evaluation": set(OURS),
+    "evaluation": set(PRODUCT),
     "spa": {
-        *OURS,
+        *PRODUCT,
         "evaluation.config",
         "spa.config",
     },  # a driver, like evaluation/: the env actors' client API, the learner's model code
-    "deploy": set(OURS),
+    "deploy": set(PRODUCT),
+    # drives every part, as the tests and benchmarks do
+    "testing": {*OURS, *(f"{role}.config" for role in ROLES), "deploy.config", "evaluation.config", "spa.config"},
 }
 
 
@@ -90,7 +93,8 @@ def imported_packages(path: Path) -> set[str]:
 
 
 # tests/ and benchmarks/ use the project, never each other: what both need (fuzzing, the lockstep
-# audit, a run harness) lives in the project; only the tests of benchmark code import benchmarks/
+# audit, a run harness, synthetic messages) lives in testing/; only the tests of benchmark code import
+# benchmarks/
 @pytest.mark.parametrize(("importer", "forbidden"), [("benchmarks", "tests"), ("tests", "benchmarks")])
 def test_tests_and_benchmarks_do_not_import_each_other(importer, forbidden):
     benchmark_tests = REPO / "tests" / "unit" / "benchmarks"

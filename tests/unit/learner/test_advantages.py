@@ -11,7 +11,7 @@ import torch
 from learner.advantages import TIP_MODES, CountBonus, group_advantages, turn_rewards
 from learner.config import LearnerConfig
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory
-from tests.factories import plain_turns, trajectory
+from testing.factories import plain_turns, trajectory
 
 
 def _traj(mode: str, score: float, num_memories: list[int]) -> Trajectory:

@@ -148,7 +148,7 @@ def test_export_writes_an_hf_directory_transformers_loads_with_the_same_logits(t
     from learner.export import export_checkpoint, main
     from learner.policy_model import response_logprobs
     from learner.train import Trainer
-    from tests.factories import mixed_group, save_tiny_model
+    from testing.factories import mixed_group, save_tiny_model
 
     base = save_tiny_model(tmp_path / "base", initializer_range=0.2)
     trainer = Trainer(LearnerConfig(lr=1e-2, total_steps=2, device="cpu"), base, seed=0)
@@ -174,7 +174,7 @@ def test_with_a_kl_term_the_resumed_trainer_keeps_the_runs_initial_policy_as_its
     (given the base model as reference_path, as the learner does) takes the uninterrupted step
     exactly; with the checkpoint itself as the reference (the earlier behaviour) it would not."""
     from learner.train import Trainer
-    from tests.factories import mixed_group, save_tiny_model
+    from testing.factories import mixed_group, save_tiny_model
 
     base = save_tiny_model(tmp_path / "base", initializer_range=0.2)
     cfg = LearnerConfig(lr=1e-2, kl_coef=0.5, total_steps=4, device="cpu", low_prob_threshold=None)

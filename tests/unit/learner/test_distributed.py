@@ -9,7 +9,7 @@ import torch
 
 from learner import distributed
 from protocol.messages import Batch
-from tests.factories import mixed_group
+from testing.factories import mixed_group
 
 
 def test_a_plain_process_is_a_group_of_one():

@@ -16,7 +16,7 @@ from learner.step import StepContext, StepStats, StepTotals, train_step
 from learner.train import step_record
 from learner.weight_push import PushTiming
 from protocol.messages import ON_POLICY, Trajectory, TurnRecord
-from tests.factories import tiny_llama
+from testing.factories import tiny_llama
 
 
 def look(room: str, *objects: str) -> str:

@@ -7,7 +7,7 @@ import numpy as np
 from learner.advantages import CountBonus, anchor_step_advantages, discounted_returns
 from learner.samples import GiGPO, group_turn_advantages
 from protocol.messages import ON_POLICY, ON_POLICY_TIPS, Trajectory
-from tests.factories import plain_turns, trajectory
+from testing.factories import plain_turns, trajectory
 
 
 def _traj(observations, score, mode=ON_POLICY, num_memories=None) -> Trajectory:

@@ -45,7 +45,7 @@ def test_a_hindsight_sample_in_the_step_gets_a_quarter_of_an_ordinary_samples_gr
     from learner.samples import TurnSample
     from learner.step import PreScores, micro_batch_loss
     from protocol.messages import GUIDED
-    from tests.factories import tiny_llama
+    from testing.factories import tiny_llama
 
     model = tiny_llama(40, seed=3, initializer_range=0.2)
     prompt, response = np.array([1, 2, 3, 4], np.int32), np.array([5, 6, 7], np.int32)
@@ -77,7 +77,7 @@ def test_a_guided_episode_trains_with_or_without_its_guidance_and_the_bonus_move
 
     from learner.samples import build_samples
     from protocol.messages import GUIDED, ON_POLICY
-    from tests.factories import Turn, trajectory
+    from testing.factories import Turn, trajectory
 
     guided = trajectory([Turn([1, 2, 3, 4, 5], [9], tip_spans=[(1, 3)])], mode=GUIDED, score=60.0, slot=0)
     guided.hindsight = True

@@ -11,7 +11,7 @@ import torch
 
 from learner.lean_activations import lean_activations
 from learner.lora import apply_lora
-from tests.factories import tiny_llama
+from testing.factories import tiny_llama
 
 
 def _saved_bytes(fn) -> int:
@@ -112,7 +112,7 @@ def test_the_trainer_steps_as_with_autograds_own_activations(tmp_path):
     of one): the same loss, the same weights after two steps within float rounding."""
     from learner.config import LearnerConfig
     from learner.train import Trainer
-    from tests.factories import mixed_group, save_tiny_model
+    from testing.factories import mixed_group, save_tiny_model
 
     base = save_tiny_model(tmp_path / "base", initializer_range=0.2)
     results = {}

@@ -20,7 +20,7 @@ from learner.samples import GiGPO, build_samples
 from learner.step import StepContext, train_step
 from pipeline.config import load_config
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Trajectory
-from tests.factories import Turn, tiny_llama, trajectory
+from testing.factories import Turn, tiny_llama, trajectory
 from tests.helpers import logprobs
 
 PROMPT = np.array([5, 6, 7, 8], dtype=np.int32)

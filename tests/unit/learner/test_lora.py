@@ -13,7 +13,7 @@ from learner.export import export_checkpoint
 from learner.policy_model import response_logprobs
 from learner.train import Trainer
 from learner.weight_push import weight_tensors
-from tests.factories import mixed_group, save_tiny_model
+from testing.factories import mixed_group, save_tiny_model
 
 CFG = LearnerConfig(
     lr=1e-2,

@@ -20,7 +20,7 @@ from learner.loss import mask_subject
 from learner.samples import TurnSample
 from learner.step import StepContext, train_step
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
-from tests.factories import tiny_llama
+from testing.factories import tiny_llama
 from tests.helpers import logprobs
 
 VOCAB = 64

@@ -6,7 +6,7 @@ import pytest
 
 from learner.memory_use import memory_stats
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
-from tests.factories import Turn, trajectory
+from testing.factories import Turn, trajectory
 
 
 def _turns(tipped: list[bool]) -> list[Turn]:

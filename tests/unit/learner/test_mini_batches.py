@@ -19,7 +19,7 @@ from learner.config import LearnerConfig
 from learner.samples import TurnSample
 from learner.step import StepContext, mini_batch_plan, rank_rows, train_step
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
-from tests.factories import tiny_llama
+from testing.factories import tiny_llama
 from tests.helpers import logprobs
 
 VOCAB = 48

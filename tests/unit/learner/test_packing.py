@@ -16,7 +16,7 @@ from learner.policy_model import response_logprobs
 from learner.samples import TurnSample
 from learner.step import StepContext, micro_batches, train_step
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
-from tests.factories import tiny_llama
+from testing.factories import tiny_llama
 
 VOCAB = 48
 

@@ -20,7 +20,7 @@ from learner.policy_model import response_logprobs
 from learner.samples import build_samples
 from learner.step import StepContext, score_before_update, segments, train_step
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
-from tests.factories import Turn, tiny_llama, trajectory
+from testing.factories import Turn, tiny_llama, trajectory
 
 CTX = TaskContext(
     task="Your task is to find a(n) living thing. First, focus on the thing.",

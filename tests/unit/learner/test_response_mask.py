@@ -15,7 +15,7 @@ from learner.policy_model import response_logprobs
 from learner.samples import TurnSample, build_samples, sampled_tokens
 from learner.step import PreScores, micro_batch_loss, sampled_logp_min
 from protocol.messages import ON_POLICY, Trajectory, TurnRecord
-from tests.factories import tiny_llama
+from testing.factories import tiny_llama
 
 PROMPT, RESPONSE = np.array([1, 2, 3, 4], np.int32), np.array([5, 6, 7, 8, 9], np.int32)
 GLUE = np.array([0, 1, 1, 0, 1], np.uint8)  # an opening tag, two strategy tokens, a line break, the action

@@ -13,7 +13,7 @@ from learner.config import LearnerConfig
 from learner.rnd import RNDBonus, observation_features
 from learner.samples import build_samples
 from protocol.messages import ON_POLICY, Trajectory
-from tests.factories import plain_turns, trajectory
+from testing.factories import plain_turns, trajectory
 
 CFG = LearnerConfig(
     intrinsic_kind="rnd", intrinsic_coef=0.5, rnd_feature_dim=256, rnd_hidden=64, rnd_output_dim=16, rnd_lr=1e-2

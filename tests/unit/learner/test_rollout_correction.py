@@ -23,7 +23,7 @@ from learner.loss import rollout_correction, rollout_totals
 from learner.samples import TurnSample
 from learner.step import StepContext, train_step
 from protocol.messages import ON_POLICY
-from tests.factories import tiny_llama
+from testing.factories import tiny_llama
 from tests.helpers import logprobs
 
 

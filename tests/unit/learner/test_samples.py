@@ -8,7 +8,7 @@ import pytest
 from learner.advantages import CountBonus
 from learner.samples import TurnSample, build_samples, remove_spans
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
-from tests.factories import Turn, trajectory
+from testing.factories import Turn, trajectory
 
 
 def _traj(group_id, mode, score, turns, slot=0, versions=None, num_memories=None):

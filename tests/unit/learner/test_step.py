@@ -28,7 +28,7 @@ from learner.step import (
 from learner.train import step_record
 from learner.weight_push import PushTiming
 from protocol.messages import OFF_POLICY, ON_POLICY, ON_POLICY_TIPS
-from tests.factories import mixed_group, tiny_llama
+from testing.factories import mixed_group, tiny_llama
 
 SUMS = dict(
     loss=-3.5,

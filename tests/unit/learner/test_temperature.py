@@ -14,7 +14,7 @@ from learner.policy_model import Scored, batch_log_softmax, token_logprobs
 from learner.samples import build_samples
 from learner.step import chain
 from protocol.messages import ON_POLICY, Trajectory, TurnRecord
-from tests.factories import tiny_llama
+from testing.factories import tiny_llama
 
 VOCAB = 40
 

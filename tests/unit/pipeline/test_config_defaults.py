@@ -152,7 +152,7 @@ NOT_CONFIG = {
     ("learner.step.StepTotals", "ratio"),  # a running sum of the ratio, not learner.ratio
     ("deploy.monitor.scrape", "timeout_s"),  # one HTTP scrape, not launch.timeout_s
     ("protocol.transport.Client", "timeout_s"),  # a request's default timeout, not launch.timeout_s
-    ("deploy.harness.LaunchedRun", "timeout_s"),  # how long a test or benchmark waits on its run
+    ("testing.harness.LaunchedRun", "timeout_s"),  # how long a test or benchmark waits on its run
     # the temperature a response was sampled at, recorded with it (1.0: untempered, a record that predates
     # it), not env_actor.temperature
     ("protocol.messages.GenerateResponse", "temperature"),
@@ -160,8 +160,21 @@ NOT_CONFIG = {
     ("protocol.messages.TurnRecord", "temperature"),
     ("learner.policy_model.response_logprobs", "temperature"),
 }
-PACKAGES = ("actors", "common", "deploy", "evaluation", "learner", "memory_service", "protocol", "replay_buffer")
-SKIP_MODULES = {"actors.policy_server.worker_ext"}  # imports vLLM at import time (runs inside the engine)
+PACKAGES = (
+    "actors",
+    "common",
+    "deploy",
+    "evaluation",
+    "learner",
+    "memory_service",
+    "protocol",
+    "replay_buffer",
+    "testing",
+)
+SKIP_MODULES = {
+    "actors.policy_server.worker_ext",  # imports vLLM at import time (runs inside the engine)
+    "testing.factories",  # test data: its defaults (mode, seed) are a synthetic message's, not a run's
+}
 
 
 def _config_field_names() -> set[str]:

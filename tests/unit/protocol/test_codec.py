@@ -54,7 +54,7 @@ from protocol.messages import (
     WeightUpdateAck,
 )
 from protocol.weight_file import weights_checksum
-from tests.factories import Turn, make_trajectory, trajectory
+from testing.factories import Turn, make_trajectory, trajectory
 
 # ------------------------------------------------------------------------------- helpers
 

@@ -21,7 +21,7 @@ from protocol.messages import (
     MemoryQuery,
     MemoryResult,
 )
-from tests.factories import make_trajectory
+from testing.factories import make_trajectory
 
 TRAJECTORY_MUTATIONS = {
     "float32 offsets": lambda t: dataclasses.replace(t, prompt_offsets=t.prompt_offsets.astype(np.float32)),

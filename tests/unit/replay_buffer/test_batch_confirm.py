@@ -31,7 +31,7 @@ from protocol.messages import (
 )
 from replay_buffer.buffer import BufferLog, ReplayBuffer
 from replay_buffer.service import BufferProcess
-from tests.factories import make_buffer, make_traj, open_group, traj_for
+from testing.factories import make_buffer, make_traj, open_group, traj_for
 from tests.helpers import free_endpoint
 
 # groups open and ready at once (the CPU profile's 1 would hand out one group at a time)

@@ -26,7 +26,7 @@ from protocol.messages import (
 )
 from replay_buffer.buffer import trajectory_bytes
 from replay_buffer.service import NO_LEARNER_CHECK, BufferProcess
-from tests.factories import make_traj
+from testing.factories import make_traj
 
 
 def buffer_process(run_dir, *security: str) -> BufferProcess:

@@ -31,7 +31,7 @@ def test_a_strictly_better_revision_wins_else_an_equal_one_else_a_copy_not_marke
 
 def test_the_guidance_lists_exactly_the_false_lines_of_the_goal_progress_as_missed():
     from replay_buffer.hindsight import GUIDANCE_ACTIONS_SHOWN, guidance_text
-    from tests.factories import plain_turns, trajectory
+    from testing.factories import plain_turns, trajectory
     from tests.unit.common.test_goal_progress import RECORDED
 
     attempt = trajectory(plain_turns(12), score=8.0)
@@ -57,7 +57,7 @@ def _buffer(**herl):
 
 
 def _play(buffer, assignment, score: float, now: float = 0.0):
-    from tests.factories import plain_turns, trajectory
+    from testing.factories import plain_turns, trajectory
 
     traj = trajectory(
         plain_turns(2), mode=assignment.mode, score=score, group_id=assignment.group_id, slot=assignment.slot,
@@ -121,7 +121,7 @@ def test_a_solved_group_is_ready_at_once_and_a_guided_group_goes_on_without_late
 
 def test_the_door_refuses_what_only_the_buffer_sets_and_a_guided_episode_in_a_members_slot():
     from protocol import ProtocolError
-    from tests.factories import plain_turns, trajectory
+    from testing.factories import plain_turns, trajectory
 
     buffer = _buffer()
     a = buffer.assign(0.0)[0]

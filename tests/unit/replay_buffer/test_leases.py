@@ -11,7 +11,7 @@ import pytest
 from protocol import ProtocolError
 from replay_buffer.buffer import BufferLog, ReplayBuffer
 from replay_buffer.config import Durability
-from tests.factories import VARIATIONS, make_buffer, make_cfg, traj_for
+from testing.factories import VARIATIONS, make_buffer, make_cfg, traj_for
 
 TTL = 120.0
 

@@ -14,7 +14,7 @@ from protocol.codec import encode
 from protocol.records import HEADER_BYTES, RECORD_MAGIC, frame_record, scan
 from replay_buffer.buffer import LOG_TAGS, BufferLog
 from replay_buffer.config import Durability
-from tests.factories import make_buffer, make_traj
+from testing.factories import make_buffer, make_traj
 
 RECORDS = 6  # trajectories of group "g" (group_size 8: the group stays open)
 

@@ -18,7 +18,7 @@ from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES, encode
 from protocol.messages import MODES, OFF_POLICY, ON_POLICY, ON_POLICY_TIPS, Assignment
 from replay_buffer.buffer import BufferLog, ReplayBuffer, draw_mode
 from replay_buffer.config import Durability
-from tests.factories import VARIATIONS, make_buffer, make_cfg, make_traj, open_group, traj_for
+from testing.factories import VARIATIONS, make_buffer, make_cfg, make_traj, open_group, traj_for
 
 
 def take(buffer: ReplayBuffer, learner_version: int, num_groups: int, max_staleness: int, now: float = 0.0):

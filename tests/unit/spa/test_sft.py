@@ -43,7 +43,7 @@ def record(seed: int) -> dict:
 def model_dir(tmp_path):
     from transformers import AutoTokenizer
 
-    from tests.factories import tiny_llama
+    from testing.factories import tiny_llama
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("embedded:SmolLM2-135M-Instruct"))
     model = tiny_llama(len(tokenizer), seed=1, max_position_embeddings=2048, tie_word_embeddings=True)

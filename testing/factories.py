@@ -1,7 +1,8 @@
-"""Hand-made inputs shared by the tests: trajectories built turn by turn, a tiny Llama (a few
-thousand weights) that steps in milliseconds on CPU, a trajectory with every field set for the
-codec, and the replay buffer's small configurations and trajectories. One builder each, so a new
-Trajectory field or check is followed in one place."""
+"""Hand-made inputs shared by the tests and the benchmarks: trajectories built turn by turn (the one
+builder of a synthetic Trajectory from turns: the fuzz seeds, the load and protocol benchmarks, the GPU
+check use it too), a tiny Llama (a few thousand weights) that steps in milliseconds on CPU, a trajectory
+with every field set for the codec, and the replay buffer's small configurations and trajectories. One
+builder each, so a new Trajectory field or check is followed in one place."""
 
 from __future__ import annotations
 
@@ -35,6 +36,19 @@ def plain_turns(n: int, logprob: float = 0.0) -> list[Turn]:
     return [Turn(prompt=[2 * i, 2 * i + 1], response=[i], logprobs=[logprob]) for i in range(n)]
 
 
+def random_turns(rng: np.random.Generator, prompt_lens: Sequence[int], response_lens: Sequence[int]) -> list[Turn]:
+    """Turns of random token ids over SmolLM2's vocabulary, with behaviour log-probs in (-1, 0]: payloads of
+    realistic sizes for the load and protocol benchmarks."""
+    return [
+        Turn(
+            prompt=rng.integers(0, 49152, p, dtype=np.int32),
+            response=rng.integers(0, 49152, r, dtype=np.int32),
+            logprobs=-rng.random(r, dtype=np.float32),
+        )
+        for p, r in zip(prompt_lens, response_lens)
+    ]
+
+
 def trajectory(
     turns: Sequence[Turn],
     *,
@@ -48,8 +62,10 @@ def trajectory(
     num_memories: Sequence[int] | None = None,
     observations: Sequence[str] | None = None,
     actions: Sequence[str] | None = None,
+    **fields,
 ) -> Trajectory:
-    """A validated Trajectory of these turns; unnamed per-turn fields get neutral values."""
+    """A validated Trajectory of these turns; unnamed per-turn fields get neutral values, and `fields`
+    sets any other field of the episode (actor_id, variation, done)."""
     n = len(turns)
     versions = versions if versions is not None else [0] * n
     num_memories = num_memories if num_memories is not None else [0] * n
@@ -70,8 +86,7 @@ def trajectory(
         )
         for i, t in enumerate(turns)
     ]
-    traj = Trajectory.from_turns(
-        records,
+    episode = dict(
         episode_id=episode_id if episode_id is not None else f"{group_id}-{slot}",
         group_id=group_id,
         slot=slot,
@@ -82,6 +97,7 @@ def trajectory(
         score=score,
         done=True,
     )
+    traj = Trajectory.from_turns(records, **{**episode, **fields})
     traj.validate()
     return traj
 

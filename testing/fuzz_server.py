@@ -1,5 +1,5 @@
 """A lone server fuzzed: one role's server started on its own in a run directory, sent hostile
-inputs (protocol/fuzz.py) with a valid request after every few hundred, and always stopped. What
+inputs (testing/fuzz.py) with a valid request after every few hundred, and always stopped. What
 benchmarks/fuzz.py measures per socket and tests/integration/test_fuzz_sockets.py checks.
 
 The replay buffer reads ScienceWorld's variation lists at start-up; the memory service loads its
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.process import spawn_command, status_mb, stop_group
-from protocol.fuzz import fuzz_endpoint
+from testing.fuzz import fuzz_endpoint
 
 SOCKETS = {  # command, the override that sets its endpoint
     "replay_buffer": ("empo2-replay-buffer", "endpoints.replay_buffer={}"),

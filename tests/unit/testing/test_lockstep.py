@@ -1,11 +1,11 @@
-"""The lockstep audit (deploy/lockstep.py): generation is counted inside a learner step's busy
+"""The lockstep audit (testing/lockstep.py): generation is counted inside a learner step's busy
 interval only; the machine's CPU use is read over the window of the learner's steps."""
 
 from __future__ import annotations
 
 import pytest
 
-from deploy.lockstep import Poll, busy_intervals, cpu_use, lockstep_audit, machine_cpu_seconds
+from testing.lockstep import Poll, busy_intervals, cpu_use, lockstep_audit, machine_cpu_seconds
 
 
 def _step(end: float, work_s: float, wait_s: float) -> dict:

@@ -19,8 +19,8 @@ from typing import NamedTuple
 import psutil
 
 from common.metrics import POLICY_SERVER_GENERATED_TOKENS, POLICY_SERVER_REQUESTS_IN_FLIGHT, read_log
-from deploy.harness import LaunchedRun
 from deploy.monitor import scrape, total
+from testing.harness import LaunchedRun
 
 POLL_S = 0.25  # how often the policy server's generation metrics are read during a run
 

@@ -1,4 +1,4 @@
-"""protocol/fuzz.py's fuzz_endpoint against a real ZeroMQ server that answers everything with a Pong:
+"""testing/fuzz.py's fuzz_endpoint against a real ZeroMQ server that answers everything with a Pong:
 an exception in its loop (here the memory reading, once the hostile inputs' socket is open) reaches
 the caller at once. It once left that socket open, and zmq's Context.term() waited for it: the CI's
 live-run fuzz test hung for 80 minutes instead of failing."""
@@ -10,9 +10,9 @@ import threading
 import pytest
 import zmq
 
-from protocol import fuzz
 from protocol.codec import encode
 from protocol.messages import Pong
+from testing import fuzz
 from tests.helpers import free_endpoint
 
 

@@ -27,7 +27,6 @@ import zmq
 
 from protocol.codec import PROTOCOL_VERSION, decode, encode, message_types
 from protocol.messages import (
-    ON_POLICY,
     AssignmentRequest,
     BatchRequest,
     EpisodeReport,
@@ -40,13 +39,13 @@ from protocol.messages import (
     Ping,
     Pong,
     TensorMeta,
-    Trajectory,
-    TurnRecord,
     WeightChunk,
     WeightFile,
 )
 from protocol.security import secure_client
 from protocol.transport import Client, wait_until_ready
+from testing.factories import Turn
+from testing.factories import trajectory as synthetic_trajectory
 
 REPLY_TIMEOUT_S = 15.0  # per input: a server that does not answer within this is reported as such
 HUGE = 8 << 20  # the largest string a mutation sends
@@ -60,19 +59,13 @@ def valid_messages(rng: random.Random) -> dict[str, list]:
     # turn i's tokens: the next prompt_lens[i] (response_lens[i]) of one running count
     prompts = np.split(np.arange(sum(prompt_lens), dtype=np.int32), np.cumsum(prompt_lens)[:-1])
     responses = np.split(np.arange(sum(response_lens), dtype=np.int32), np.cumsum(response_lens)[:-1])
-    trajectory = Trajectory.from_turns(
-        [
-            TurnRecord(p, r, -np.ones(len(r), np.float32), "a kitchen", "look around")
-            for p, r in zip(prompts, responses)
-        ],
+    trajectory = synthetic_trajectory(
+        [Turn(p, r, -np.ones(len(r), np.float32)) for p, r in zip(prompts, responses)],
         episode_id=f"fuzz-{rng.getrandbits(64):x}",
         group_id=f"{rng.getrandbits(128):032x}",
-        slot=0,
-        actor_id="fuzz",
-        task="find-living-thing",
-        variation=0,
-        mode=ON_POLICY,
+        observations=["a kitchen"] * turns,
         score=10.0,
+        actor_id="fuzz",
         done=False,
     )
     report = EpisodeReport(
