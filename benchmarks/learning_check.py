@@ -360,6 +360,8 @@ def final_evaluation(run_dir: Path, args, step: int | None = None) -> tuple[dict
     whatever its periodic evaluations scored); None if there is none yet."""
     scored = {}
     for result_dir in (run_dir / "eval").glob("*"):
+        if not (result_dir / "results.json").exists():  # an evaluation cut short (its run ended): none
+            continue
         report = json.loads((result_dir / "results.json").read_text())
         if (report["variations_per_task"], report["episodes_per_variation"]) == (args.variations, args.episodes):
             scored[policy_step(PolicyChoice(result_dir.name, ""))] = (result_dir, report)

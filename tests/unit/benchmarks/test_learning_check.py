@@ -416,6 +416,8 @@ def test_the_final_evaluation_is_the_last_steps_not_a_periodic_one_of_the_same_d
     _evaluation(run, {(0, 0): 90.0}, variations=5, seeds=2)  # another design: never the final one
     (run / "eval" / "x").rename(run / "eval" / "step_5")
     assert lc.final_evaluation(run, args)[1][("boil", 0, 0)]["score"] == 50.0
+    (run / "eval" / "step_45").mkdir()  # a periodic evaluation its run's end cut short: no results.json
+    assert lc.final_evaluation(run, args)[1][("boil", 0, 0)]["score"] == 50.0
 
 
 def test_compare_trains_seed_by_seed_so_a_stopped_compare_leaves_the_arms_even(tmp_path, monkeypatch):
