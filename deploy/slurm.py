@@ -60,12 +60,8 @@ from pipeline.roles import RoleSpec
 SCRIPT = Path("launch") / "slurm.sbatch"  # under the run directory
 KEYS = "keys"  # under the run directory: the CURVE keys of the run (protocol/security.py)
 REPO = Path(__file__).resolve().parent.parent
-SET_BY_SLURM = (
-    "endpoints.",
-    "metrics.host=",
-    "metrics.index_ports=",
-    "weight_sync.nccl_address=",
-)  # the job sets them from its allocation
+# set by the job from its allocation; the endpoints' hosts are too, their ports (and count) are the configuration's
+SET_BY_SLURM = ("endpoints.bind_host=", "metrics.host=", "weight_sync.nccl_address=")
 
 
 @dataclass(frozen=True)
@@ -249,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_job(args.overrides)
     taken = [o for o in args.overrides if o.startswith(SET_BY_SLURM)]
     if taken:
-        print(f"empo2-slurm: {taken} are set by the job from its allocation (nodes, ports kept)", file=sys.stderr)
+        print(f"empo2-slurm: {taken} are set by the job from its allocation", file=sys.stderr)
         return 2
     if args.nodes < 1:
         print("empo2-slurm: --nodes must be at least 1", file=sys.stderr)

@@ -69,7 +69,7 @@ def test_a_dry_run_writes_the_script_with_an_absolute_run_dir_and_the_runs_own_k
 
 def test_what_the_job_sets_a_bad_value_and_a_host_without_sbatch_are_refused(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main(["endpoints.replay_buffer=tcp://x:1"]) == 2
+    assert main(["endpoints.bind_host=0.0.0.0"]) == 2
     assert "set by the job" in capsys.readouterr().err
     assert main(["--nodes", "0"]) == 2
     assert main(["learner.lr=-1"]) == 2
