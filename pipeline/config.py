@@ -425,16 +425,17 @@ def off_loopback(cfg: PipelineConfig) -> set[str]:
     served = [*cfg.endpoints.policy_servers, cfg.endpoints.replay_buffer, cfg.endpoints.memory_service]
     served += [cfg.eval.server_endpoint] if cfg.eval.every_steps else []
     hosts = {urlparse(cfg.endpoints.bind_address(e)).hostname for e in served if e.startswith("tcp://")}
-    return {h for h in hosts if h and h != "localhost" and not ipaddress.ip_address(_ip(h)).is_loopback}
+    return {h for h in hosts if h and not _loopback(h)}
 
 
-def _ip(host: str) -> str:
-    """A host as an IP address for the loopback test: a name other than localhost counts as off loopback."""
+def _loopback(host: str) -> bool:
+    """localhost or a loopback address; a DNS name counts as off loopback (where it points is not known here)."""
+    if host == "localhost":
+        return True
     try:
-        ipaddress.ip_address(host)
-        return host
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        return "0.0.0.0"  # a DNS name: where it points is not known here, so not loopback
+        return False
 
 
 def _tcp_address(key: str, endpoint: str) -> tuple[str, int] | None:
