@@ -100,6 +100,13 @@ def resolve_policy(cfg: PipelineConfig) -> PolicyChoice:
     return PolicyChoice(label, str(model))
 
 
+def recorded_path(model: str) -> str:
+    """A model as results.json records it: a path under the working directory (the repository, where the
+    commands run) relative to it, so a committed result names no machine's directories; else as given."""
+    path = Path(model)
+    return str(path.relative_to(Path.cwd())) if path.is_absolute() and path.is_relative_to(Path.cwd()) else model
+
+
 def eval_tasks(cfg: PipelineConfig) -> list[str]:
     return list(cfg.eval.tasks or cfg.replay_buffer.tasks)
 
@@ -365,7 +372,7 @@ def run(cfg: PipelineConfig, overrides: list[str]) -> dict:
     episodes_log = EpisodeLog(out / EPISODES_FILE)
     meta = {
         "policy": policy.label,
-        "model": policy.model,
+        "model": recorded_path(policy.model),
         "temperature": cfg.eval.temperature,
         "variations_per_task": cfg.eval.variations,
         "episodes_per_variation": cfg.eval.episodes,

@@ -135,3 +135,15 @@ def test_eval_keys_are_validated():
         load_config(["eval.tasks=[not-a-task]"])
     with pytest.raises(ConfigError, match="eval.episodes"):
         load_config(["eval.episodes=0"])
+
+
+def test_a_result_records_a_model_under_the_working_directory_relative_to_it(tmp_path, monkeypatch):
+    """results.json is committed with the learning curves: it must not name this machine's directories."""
+    from evaluation.eval import recorded_path
+
+    monkeypatch.chdir(tmp_path)
+    assert recorded_path(str(tmp_path / "runs" / "r" / "checkpoints" / "step_000020" / "model")) == (
+        "runs/r/checkpoints/step_000020/model"
+    )
+    assert recorded_path("/elsewhere/model") == "/elsewhere/model"
+    assert recorded_path("embedded:SmolLM2-135M-Instruct") == "embedded:SmolLM2-135M-Instruct"
